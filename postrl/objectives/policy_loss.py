@@ -1,0 +1,167 @@
+"""The one policy loss: surrogate (§2) + KL in the loss (§4) + entropy bonus, aggregated (§3).
+
+``policy_loss`` is called once per micro-batch with the counts of the whole optimizer step;
+summing the returned losses' gradients over the micro-batches gives the full-batch gradient,
+and merging the returned diagnostics gives the full-batch diagnostics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from postrl.objectives import surrogates
+from postrl.objectives.aggregation import Aggregation, BatchCounts, aggregate
+from postrl.objectives.diagnostics import Diagnostics
+from postrl.objectives.kl import Estimator, kl_penalty
+from postrl.objectives.ratios import entropy_mixing_weight, sequence_log_ratio, token_log_ratio
+
+RATIO_UNITS = ("token", "sequence", "sequence_token", "hybrid", "geometric", "cispo")
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """The loss-side components of a recipe (``Recipe.policy_loss_config()`` builds one)."""
+
+    ratio: str = "token"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    seq_clip_low: float = 3e-4  # hybrid's sequence branch
+    seq_clip_high: float = 4e-4
+    hybrid_mixing: str = "averaged"  # or "entropy"
+    dual_clip: float | None = None
+    aggregation: Aggregation = "token_mean"
+    norm_constant: float | None = None  # C of seq_mean_token_sum_norm
+    kl_coef: float = 0.0  # beta of the KL term placed in the loss; 0 = no KL term
+    kl_estimator: Estimator = "k3"
+    entropy_coef: float = 0.0
+
+
+@dataclass
+class PolicyLossInputs:
+    """One micro-batch, response-aligned ``[N, T]``; ``advantages`` may be ``[N]``."""
+
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor
+    response_mask: Tensor
+    ref_logp: Tensor | None = None
+    entropy: Tensor | None = None  # per-token policy entropy (with grad for the bonus)
+
+
+@dataclass
+class LossOutput:
+    loss: Tensor
+    diagnostics: Diagnostics
+
+
+def surrogate(cfg: PolicyLossConfig, batch: PolicyLossInputs, adv: Tensor) -> surrogates.Surrogate:
+    """Dispatch on the ratio unit (a component, never a recipe's name)."""
+    args = (batch.logp, batch.old_logp, adv, batch.response_mask)
+    if cfg.ratio in ("token", "sequence", "sequence_token"):
+        fn = getattr(surrogates, cfg.ratio)
+        return fn(*args, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    if cfg.ratio == "hybrid":
+        if cfg.hybrid_mixing == "averaged":
+            weight: float | Tensor = 0.5
+        elif cfg.hybrid_mixing == "entropy":
+            if batch.entropy is None:
+                raise ValueError("hybrid_mixing='entropy' needs per-token entropy in the inputs")
+            weight = entropy_mixing_weight(batch.entropy, batch.response_mask)
+        else:
+            raise ValueError(f"unknown hybrid_mixing {cfg.hybrid_mixing!r}")
+        return surrogates.hybrid(
+            *args, weight, cfg.clip_low, cfg.clip_high, cfg.seq_clip_low, cfg.seq_clip_high,
+            cfg.dual_clip,
+        )
+    if cfg.ratio == "geometric":
+        return surrogates.geometric(*args, cfg.clip_low, cfg.clip_high)
+    if cfg.ratio == "cispo":
+        return surrogates.cispo(*args, cfg.clip_high)
+    raise ValueError(f"unknown ratio unit {cfg.ratio!r}; expected one of {', '.join(RATIO_UNITS)}")
+
+
+def policy_loss(
+    batch: PolicyLossInputs, cfg: PolicyLossConfig, counts: BatchCounts
+) -> LossOutput:
+    """Loss ``sum over terms of aggregate(l)`` with ``l = -psi + beta*k - entropy_coef*H``.
+
+    ``counts`` are the GLOBAL counts of the optimizer step (see ``aggregation``).
+    """
+    mask = batch.response_mask
+    adv = batch.advantages
+    adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv).detach().expand_as(batch.logp)
+    adv = adv.masked_fill(~mask.bool(), 0.0)
+    surr = surrogate(cfg, batch, adv)
+
+    def agg(values: Tensor) -> Tensor:
+        return aggregate(values, mask, cfg.aggregation, counts, cfg.norm_constant)
+
+    token_loss = -surr.psi
+    loss = agg(token_loss)
+    diag = Diagnostics()
+    diag.add("loss/policy", loss.item())
+    diag.add("loss/per_token", aggregate(token_loss.detach(), mask, "token_mean", counts).item())
+    diag.add(
+        "loss/per_response",
+        aggregate(token_loss.detach(), mask, "seq_mean_token_mean", counts).item(),
+    )
+    if batch.ref_logp is not None:
+        kl = kl_penalty(batch.logp, batch.ref_logp, cfg.kl_estimator)
+        diag.add("kl/mean", aggregate(kl.detach(), mask, "token_mean", counts).item())
+        if cfg.kl_coef:
+            kl_loss = agg(cfg.kl_coef * kl)
+            diag.add("loss/kl", kl_loss.item())
+            loss = loss + kl_loss
+    elif cfg.kl_coef:
+        raise ValueError("kl_coef > 0 with the KL in the loss needs reference log-probs")
+    if batch.entropy is not None:
+        diag.add("entropy/mean", aggregate(batch.entropy.detach(), mask, "token_mean", counts).item())
+        if cfg.entropy_coef:
+            bonus = agg(cfg.entropy_coef * batch.entropy)
+            diag.add("loss/entropy_bonus", bonus.item())
+            loss = loss - bonus
+    elif cfg.entropy_coef:
+        raise ValueError("entropy_coef > 0 needs per-token entropy in the inputs")
+    diag.add("loss/total", loss.item())
+    _ratio_diagnostics(diag, surr, batch, counts)
+    return LossOutput(loss=loss, diagnostics=diag)
+
+
+def _ratio_diagnostics(
+    diag: Diagnostics, surr: surrogates.Surrogate, batch: PolicyLossInputs, counts: BatchCounts
+) -> None:
+    """Clip fractions and ratio statistics, counted per token or per response (§2)."""
+    valid = batch.response_mask.bool()
+    has_tokens = valid.any(dim=1)
+    if surr.per_response:  # one ratio per response: read it at the first valid token
+        first = valid.int().argmax(dim=1)
+        rows = torch.arange(valid.shape[0])[has_tokens]
+        pick = lambda x: x[rows, first[has_tokens]]  # noqa: E731
+        denominator = max(counts.responses, 1)
+    else:
+        pick = lambda x: x[valid]  # noqa: E731
+        denominator = max(counts.tokens, 1)
+    ratio = pick(surr.ratio).double()
+    diag.add("clip/low_frac", pick(surr.clipped_low).sum().item() / denominator)
+    diag.add("clip/high_frac", pick(surr.clipped_high).sum().item() / denominator)
+    diag.add("clip/dual_frac", pick(surr.dual_clipped).sum().item() / denominator)
+    diag.add("ratio/mean", ratio.sum().item() / denominator)
+    if ratio.numel():
+        diag.low("ratio/min", ratio.min().item())
+        diag.high("ratio/max", ratio.max().item())
+
+    # Sequence-level spread, whatever the ratio unit: std over responses of s_i, and the mean
+    # over responses of the std of each response's token log-ratios.
+    responses = max(counts.responses, 1)
+    log_r = token_log_ratio(batch.logp.detach(), batch.old_logp, batch.response_mask).double()
+    seq_log = sequence_log_ratio(batch.logp.detach(), batch.old_logp, batch.response_mask)
+    shifted = seq_log.double()[has_tokens].exp() - 1.0  # shift by 1: no cancellation near s=1
+    diag.add_std("ratio/seq_std", shifted.sum().item() / responses,
+                 shifted.square().sum().item() / responses)
+    lengths = valid.sum(dim=1).clamp(min=1).double()
+    centred = (log_r - seq_log.double().unsqueeze(1)).masked_fill(~valid, 0.0)
+    per_response_std = (centred.square().sum(dim=1) / lengths).sqrt()
+    diag.add("ratio/token_logratio_std", per_response_std[has_tokens].sum().item() / responses)
