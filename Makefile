@@ -1,0 +1,33 @@
+# Two commands set everything up on a fresh machine: `make test` and `make demo`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test test-slow demo lint clean
+
+# torch first, pinned to the CPU build on this machine's disk; a looser requirement
+# resolved by pip on its own would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+demo: $(STAMP)
+	$(BIN)/postrl recipes
+	$(BIN)/postrl explain dapo --vs grpo
+
+lint: $(STAMP)
+	$(BIN)/ruff check postrl tests
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache

@@ -1,0 +1,225 @@
+"""Recipes: named sets of orthogonal components (ALGORITHMS.md §7).
+
+A :class:`Recipe` is frozen data. The trainer and the loss branch on its components, never on
+its name, so ``dapo`` is exactly "grpo + these component changes" and
+``postrl explain dapo --vs grpo`` can say so (see ``postrl.components``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any, get_args
+
+from postrl.errors import ConfigError
+from postrl.objectives import AGGREGATIONS, RATIO_UNITS, PolicyLossConfig
+
+ADVANTAGES = ("group", "rloo", "gae", "reinforce_pp", "reinforce_pp_baseline")
+GROUP_ADVANTAGES = ("group", "rloo", "reinforce_pp_baseline")
+TOKEN_REWARD_ADVANTAGES = ("gae", "reinforce_pp", "reinforce_pp_baseline")
+CHOICES: dict[str, tuple[str, ...]] = {
+    "advantage": ADVANTAGES,
+    "adv_scale": ("group", "batch", "none"),
+    "adv_std": ("bessel", "population"),
+    "ratio": RATIO_UNITS,
+    "hybrid_mixing": ("averaged", "entropy"),
+    "aggregation": AGGREGATIONS,
+    "kl_placement": ("none", "loss", "reward"),
+    "kl_estimator": ("k1", "k2", "k3"),
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Every algorithmic choice of a post-training run; all fields overridable.
+
+    Schedule choices shared by all recipes (prompts per step, G, max_new_tokens, sampling,
+    learning rate, updates per batch) live in the training config, not here, so that a
+    comparison of recipes is a comparison of components only.
+    """
+
+    name: str
+    # advantage (§1)
+    advantage: str = "group"
+    adv_scale: str = "group"
+    adv_std: str = "bessel"
+    adv_eps: float = 1e-6
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    # importance ratio, clipping and surrogate (§2)
+    ratio: str = "token"
+    hybrid_mixing: str = "averaged"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    seq_clip_low: float = 3e-4
+    seq_clip_high: float = 4e-4
+    dual_clip: float | None = None
+    # aggregation (§3)
+    aggregation: str = "seq_mean_token_mean"
+    norm_constant: float | None = None  # C; None = max_new_tokens
+    # KL and entropy (§4)
+    kl_placement: str = "none"
+    kl_estimator: str = "k3"
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    # critic (§5)
+    critic: bool = False
+    vf_coef: float = 0.5
+    value_clip: float | None = 0.2
+    # batch filters and shaping (§6)
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3
+    overlong_filter: bool = False
+    overlong_penalty: bool = False
+    overlong_buffer: int = 16  # L_cache, tokens before max_new_tokens where the penalty ramps
+    overlong_penalty_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def with_(self, name: str | None = None, **overrides: Any) -> Recipe:
+        """A copy with some components changed, validated; ``name`` defaults to ``base(k=v)``."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        for key in overrides:
+            if key not in fields:
+                close = difflib.get_close_matches(key, sorted(fields), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"recipe has no option {key!r}{hint}")
+        if name is None:
+            changes = ",".join(f"{k}={v}" for k, v in overrides.items())
+            name = f"{self.name}({changes})" if changes else self.name
+        return dataclasses.replace(self, name=name, **overrides)
+
+    @property
+    def needs_reference(self) -> bool:
+        """A reference forward pass is needed only when a KL term is on."""
+        return self.kl_placement != "none" and self.kl_coef > 0
+
+    def check_schedule(self, group_size: int, max_new_tokens: int) -> None:
+        """Errors for combinations that depend on the schedule shared by all recipes."""
+        if group_size < 2 and (self.advantage in GROUP_ADVANTAGES or self.dynamic_sampling):
+            what = "dynamic_sampling" if self.advantage not in GROUP_ADVANTAGES else (
+                f"advantage={self.advantage!r}")
+            raise ConfigError(f"{what} compares responses within a group: needs group_size "
+                              f">= 2, got {group_size}")
+        if self.overlong_penalty and not 0 < self.overlong_buffer < max_new_tokens:
+            raise ConfigError(f"overlong_buffer must be in (0, max_new_tokens={max_new_tokens}),"
+                              f" got {self.overlong_buffer}")
+
+    def policy_loss_config(self, max_new_tokens: int) -> PolicyLossConfig:
+        """The loss-side components, with ``C`` resolved to max_new_tokens when unset."""
+        return PolicyLossConfig(
+            ratio=self.ratio,
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            seq_clip_low=self.seq_clip_low,
+            seq_clip_high=self.seq_clip_high,
+            hybrid_mixing=self.hybrid_mixing,
+            dual_clip=self.dual_clip,
+            aggregation=self.aggregation,  # type: ignore[arg-type]
+            norm_constant=self.norm_constant or float(max_new_tokens),
+            kl_coef=self.kl_coef if self.kl_placement == "loss" else 0.0,
+            kl_estimator=self.kl_estimator,  # type: ignore[arg-type]
+            entropy_coef=self.entropy_coef,
+        )
+
+
+def _check_type(key: str, value: Any) -> None:
+    field = Recipe.__dataclass_fields__[key]
+    allowed = _allowed_types(field.type)
+    if isinstance(value, bool) and bool not in allowed:
+        ok = False
+    else:
+        ok = isinstance(value, allowed) or (float in allowed and isinstance(value, int))
+    if not ok:
+        names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+        raise ConfigError(f"recipe option {key!r} must be {names}, got {value!r}")
+
+
+def _allowed_types(annotation: Any) -> tuple[type, ...]:
+    names = {"str": str, "float": float, "int": int, "bool": bool, "None": type(None)}
+    if isinstance(annotation, str):
+        return tuple(names[p.strip()] for p in annotation.split("|"))
+    return get_args(annotation) or (annotation,)
+
+
+def validate(r: Recipe) -> None:
+    """Raise ConfigError, naming the option, for any impossible combination of components."""
+    for field in dataclasses.fields(r):
+        _check_type(field.name, getattr(r, field.name))
+    for key, options in CHOICES.items():
+        value = getattr(r, key)
+        if value not in options:
+            raise ConfigError(f"recipe option {key}={value!r} is not one of {', '.join(options)}")
+    bad = [k for k in ("clip_low", "clip_high", "seq_clip_low", "seq_clip_high") if getattr(r, k) < 0]
+    if bad:
+        raise ConfigError(f"clip ranges must be >= 0: {', '.join(f'{k}={getattr(r, k)}' for k in bad)}")
+    if r.ratio not in ("geometric", "cispo") and r.clip_low >= 1:
+        raise ConfigError(f"clip_low={r.clip_low} puts the lower ratio bound 1 - clip_low at or below 0")
+    if r.dual_clip is not None:
+        if r.dual_clip <= 1:
+            raise ConfigError(f"dual_clip c must be > 1 (Ye et al. 2019), got {r.dual_clip}")
+        if r.ratio in ("geometric", "cispo"):
+            raise ConfigError(f"dual_clip applies to PPO-clipped surrogates, not ratio={r.ratio!r}")
+    if r.hybrid_mixing != "averaged" and r.ratio != "hybrid":
+        raise ConfigError(f"hybrid_mixing={r.hybrid_mixing!r} only applies to ratio='hybrid'")
+    if r.advantage == "gae" and not r.critic:
+        raise ConfigError("advantage='gae' needs a learned value function: set critic=true")
+    if r.critic and r.advantage != "gae":
+        raise ConfigError(f"critic=true is only used by advantage='gae', not {r.advantage!r}")
+    if r.ratio == "geometric" and r.advantage in ("gae", "reinforce_pp", "reinforce_pp_baseline"):
+        raise ConfigError("ratio='geometric' needs one advantage per response, not per-token "
+                          f"advantage={r.advantage!r}")
+    if r.kl_placement == "reward" and r.advantage not in TOKEN_REWARD_ADVANTAGES:
+        raise ConfigError(f"kl_placement='reward' needs token rewards (advantage in "
+                          f"{', '.join(TOKEN_REWARD_ADVANTAGES)}), not {r.advantage!r}")
+    for key in ("kl_coef", "entropy_coef", "vf_coef", "adv_eps", "overlong_penalty_factor"):
+        if getattr(r, key) < 0:
+            raise ConfigError(f"{key} must be >= 0, got {getattr(r, key)}")
+    for key in ("gamma", "lam"):
+        if not 0 <= getattr(r, key) <= 1:
+            raise ConfigError(f"{key} must be in [0, 1], got {getattr(r, key)}")
+    if r.value_clip is not None and r.value_clip <= 0:
+        raise ConfigError(f"value_clip must be > 0 or null, got {r.value_clip}")
+    if r.norm_constant is not None and r.norm_constant <= 0:
+        raise ConfigError(f"norm_constant must be > 0, got {r.norm_constant}")
+    if r.max_sampling_rounds < 1:
+        raise ConfigError(f"max_sampling_rounds must be >= 1, got {r.max_sampling_rounds}")
+    if r.overlong_buffer < 1:
+        raise ConfigError(f"overlong_buffer must be >= 1, got {r.overlong_buffer}")
+
+
+_GRPO = Recipe("grpo", kl_placement="loss", kl_estimator="k3", kl_coef=0.04)
+
+PRESETS: dict[str, Recipe] = {
+    "ppo": Recipe("ppo", advantage="gae", critic=True, aggregation="token_mean",
+                  kl_placement="reward", kl_estimator="k1", kl_coef=0.05),
+    "grpo": _GRPO,
+    "dr_grpo": Recipe("dr_grpo", adv_scale="none", aggregation="seq_mean_token_sum_norm"),
+    "dapo": Recipe("dapo", clip_high=0.28, aggregation="token_mean", dynamic_sampling=True,
+                   overlong_penalty=True),
+    "gspo": Recipe("gspo", ratio="sequence", clip_low=3e-4, clip_high=4e-4),
+    "dhpo": Recipe("dhpo", ratio="hybrid", clip_low=0.2, clip_high=0.28),
+    # optional extras; their defaults are postrl's choices, documented in docs/recipes.md
+    "rloo": Recipe("rloo", advantage="rloo", aggregation="token_mean"),
+    "reinforce_pp": Recipe("reinforce_pp", advantage="reinforce_pp", aggregation="token_mean",
+                           kl_placement="reward", kl_estimator="k1", kl_coef=0.01),
+    "reinforce_pp_baseline": Recipe("reinforce_pp_baseline", advantage="reinforce_pp_baseline",
+                                    aggregation="token_mean", kl_placement="loss",
+                                    kl_estimator="k2", kl_coef=0.01),
+    "gmpo": Recipe("gmpo", ratio="geometric", clip_low=0.4, clip_high=0.4),
+    "cispo": Recipe("cispo", ratio="cispo", clip_high=0.28, aggregation="token_mean"),
+}
+CORE = ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "dhpo")
+
+
+def get_recipe(name: str) -> Recipe:
+    """A preset by name; a clear error, with the closest names, for an unknown one."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, PRESETS, n=2)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise ConfigError(f"unknown recipe {name!r}{hint}; known: {', '.join(PRESETS)}") from None
