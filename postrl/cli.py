@@ -55,7 +55,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if args.vs is None:
             print(f"{component.title}: {component.describe(recipe)}")
         else:
-            print(f"{component.title}: {component.describe(base)}  ->  {component.describe(recipe)}")
+            before, after = component.describe(base), component.describe(recipe)
+            print(f"{component.title}: {before}  ->  {after}")
         print(f"    from:    {component.source(recipe)}")
         print(f"    formula: {component.formula(recipe)}")
     return 0

@@ -231,7 +231,8 @@ def summary_row(r: Recipe) -> tuple[str, ...]:
     elif r.ratio == "hybrid":
         clip = f"tok {r.clip_low} / {r.clip_high}, seq {r.seq_clip_low:g} / {r.seq_clip_high:g}"
     else:
-        clip = f"{r.clip_low:g} / {r.clip_high:g}" + (" (log space)" if r.ratio == "geometric" else "")
+        clip = f"{r.clip_low:g} / {r.clip_high:g}"
+        clip += " (log space)" if r.ratio == "geometric" else ""
     if r.dual_clip:
         clip += f", dual c={r.dual_clip}"
     aggregation = r.aggregation

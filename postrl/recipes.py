@@ -153,11 +153,13 @@ def validate(r: Recipe) -> None:
         value = getattr(r, key)
         if value not in options:
             raise ConfigError(f"recipe option {key}={value!r} is not one of {', '.join(options)}")
-    bad = [k for k in ("clip_low", "clip_high", "seq_clip_low", "seq_clip_high") if getattr(r, k) < 0]
+    clips = ("clip_low", "clip_high", "seq_clip_low", "seq_clip_high")
+    bad = ", ".join(f"{k}={getattr(r, k)}" for k in clips if getattr(r, k) < 0)
     if bad:
-        raise ConfigError(f"clip ranges must be >= 0: {', '.join(f'{k}={getattr(r, k)}' for k in bad)}")
+        raise ConfigError(f"clip ranges must be >= 0: {bad}")
     if r.ratio not in ("geometric", "cispo") and r.clip_low >= 1:
-        raise ConfigError(f"clip_low={r.clip_low} puts the lower ratio bound 1 - clip_low at or below 0")
+        raise ConfigError(f"clip_low={r.clip_low} puts the lower ratio bound 1 - clip_low "
+                          "at or below 0")
     if r.dual_clip is not None:
         if r.dual_clip <= 1:
             raise ConfigError(f"dual_clip c must be > 1 (Ye et al. 2019), got {r.dual_clip}")

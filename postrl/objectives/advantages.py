@@ -87,7 +87,7 @@ def outcome_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
 
 
 def whiten(values: Tensor, response_mask: Tensor, eps: float = 1e-8) -> Tensor:
-    """``(x - mean) / sqrt(var + eps)`` over the valid tokens of the batch (Bessel var); 0 off-mask."""
+    """``(x - mean) / sqrt(var + eps)`` over the batch's valid tokens (Bessel var); 0 off-mask."""
     valid = response_mask.bool()
     selected = values[valid]
     if selected.numel() < 2:

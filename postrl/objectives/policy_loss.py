@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from postrl.objectives import surrogates
@@ -76,6 +75,8 @@ def surrogate(cfg: PolicyLossConfig, batch: PolicyLossInputs, adv: Tensor) -> su
             *args, weight, cfg.clip_low, cfg.clip_high, cfg.seq_clip_low, cfg.seq_clip_high,
             cfg.dual_clip,
         )
+    if cfg.dual_clip is not None:
+        raise ValueError(f"dual_clip applies to PPO-clipped surrogates, not ratio={cfg.ratio!r}")
     if cfg.ratio == "geometric":
         return surrogates.geometric(*args, cfg.clip_low, cfg.clip_high)
     if cfg.ratio == "cispo":
@@ -118,7 +119,8 @@ def policy_loss(
     elif cfg.kl_coef:
         raise ValueError("kl_coef > 0 with the KL in the loss needs reference log-probs")
     if batch.entropy is not None:
-        diag.add("entropy/mean", aggregate(batch.entropy.detach(), mask, "token_mean", counts).item())
+        entropy_mean = aggregate(batch.entropy.detach(), mask, "token_mean", counts)
+        diag.add("entropy/mean", entropy_mean.item())
         if cfg.entropy_coef:
             bonus = agg(cfg.entropy_coef * batch.entropy)
             diag.add("loss/entropy_bonus", bonus.item())
@@ -136,22 +138,24 @@ def _ratio_diagnostics(
     """Clip fractions and ratio statistics, counted per token or per response (§2)."""
     valid = batch.response_mask.bool()
     has_tokens = valid.any(dim=1)
-    if surr.per_response:  # one ratio per response: read it at the first valid token
-        first = valid.int().argmax(dim=1)
-        rows = torch.arange(valid.shape[0])[has_tokens]
-        pick = lambda x: x[rows, first[has_tokens]]  # noqa: E731
-        denominator = max(counts.responses, 1)
+    lengths = valid.sum(dim=1).clamp(min=1).double()
+    if surr.per_response:
+        # one ratio per response: each response weighs 1/N, spread evenly over its tokens
+        # (with one advantage per response a response is wholly clipped or not at all)
+        weights = valid / lengths.unsqueeze(1) / max(counts.responses, 1)
     else:
-        pick = lambda x: x[valid]  # noqa: E731
-        denominator = max(counts.tokens, 1)
-    ratio = pick(surr.ratio).double()
-    diag.add("clip/low_frac", pick(surr.clipped_low).sum().item() / denominator)
-    diag.add("clip/high_frac", pick(surr.clipped_high).sum().item() / denominator)
-    diag.add("clip/dual_frac", pick(surr.dual_clipped).sum().item() / denominator)
-    diag.add("ratio/mean", ratio.sum().item() / denominator)
-    if ratio.numel():
-        diag.low("ratio/min", ratio.min().item())
-        diag.high("ratio/max", ratio.max().item())
+        weights = valid / float(max(counts.tokens, 1))
+
+    def share(values: Tensor) -> float:
+        return (values.double() * weights).sum().item()
+
+    diag.add("clip/low_frac", share(surr.clipped_low))
+    diag.add("clip/high_frac", share(surr.clipped_high))
+    diag.add("clip/dual_frac", share(surr.dual_clipped))
+    diag.add("ratio/mean", share(surr.ratio))
+    if valid.any():
+        diag.low("ratio/min", surr.ratio[valid].min().item())
+        diag.high("ratio/max", surr.ratio[valid].max().item())
 
     # Sequence-level spread, whatever the ratio unit: std over responses of s_i, and the mean
     # over responses of the std of each response's token log-ratios.
@@ -161,7 +165,6 @@ def _ratio_diagnostics(
     shifted = seq_log.double()[has_tokens].exp() - 1.0  # shift by 1: no cancellation near s=1
     diag.add_std("ratio/seq_std", shifted.sum().item() / responses,
                  shifted.square().sum().item() / responses)
-    lengths = valid.sum(dim=1).clamp(min=1).double()
     centred = (log_r - seq_log.double().unsqueeze(1)).masked_fill(~valid, 0.0)
     per_response_std = (centred.square().sum(dim=1) / lengths).sqrt()
     diag.add("ratio/token_logratio_std", per_response_std[has_tokens].sum().item() / responses)

@@ -106,10 +106,17 @@ def geometric(logp, old_logp, adv, mask, eps_low, eps_high) -> Surrogate:
     ``min`` when ``A > 0``, ``max`` when ``A < 0``); ``psi_i = A_i * exp(mean_t clipped)`` is
     placed on every valid token of response ``i``. Needs one advantage per response.
     """
+    valid = mask.bool()
+    first = adv.gather(1, valid.int().argmax(dim=1, keepdim=True))
+    if (adv - first).masked_fill(~valid, 0.0).abs().max() > 0:
+        raise ValueError("ratio='geometric' needs one advantage per response (GMPO's psi is "
+                         "per response), got advantages that vary within a response")
     log_r = token_log_ratio(logp, old_logp, mask)
     clipped = log_r.clamp(-eps_low, eps_high)
     positive = adv > 0
-    pessimistic = torch.where(positive, torch.minimum(log_r, clipped), torch.maximum(log_r, clipped))
+    pessimistic = torch.where(
+        positive, torch.minimum(log_r, clipped), torch.maximum(log_r, clipped)
+    )
     lengths = mask.to(logp.dtype).sum(dim=1, keepdim=True).clamp(min=1)
     mean_log = (pessimistic * mask).sum(dim=1, keepdim=True) / lengths
     psi = adv * mean_log.exp()

@@ -85,7 +85,8 @@ def test_whiten():
 def test_reinforce_pp_return_to_go():
     mask = t([1, 1, 1])
     rewards = t([0, 0, 1])
-    torch.testing.assert_close(adv.reinforce_pp(rewards, mask, whiten_advantages=False), t([1, 1, 1]))
+    got = adv.reinforce_pp(rewards, mask, whiten_advantages=False)
+    torch.testing.assert_close(got, t([1, 1, 1]))
     torch.testing.assert_close(
         adv.reinforce_pp(rewards, mask, gamma=0.5, whiten_advantages=False), t([0.25, 0.5, 1])
     )
@@ -97,5 +98,7 @@ def test_reinforce_pp_baseline_subtracts_group_mean():
     got = adv.reinforce_pp_baseline(t(1, 0), 2, mask, whiten_advantages=False)
     torch.testing.assert_close(got, t([0.5, 0.5], [-0.5, 0]))
     penalty = t([0.1, 0.2], [0.3, 9.0])  # per-token beta*KL; padding ignored
-    got = adv.reinforce_pp_baseline(t(1, 0), 2, mask, token_penalty=penalty, whiten_advantages=False)
+    got = adv.reinforce_pp_baseline(
+        t(1, 0), 2, mask, token_penalty=penalty, whiten_advantages=False
+    )
     torch.testing.assert_close(got, t([0.2, 0.3], [-0.8, 0]))

@@ -89,7 +89,7 @@ def test_hybrid_weight_one_is_token_and_zero_is_sequence(seed):
          lambda x: surrogates.sequence(x, old, advantages, mask, 3e-4, 4e-4).psi),
     ]
     for hybrid_fn, pure_fn in cases:
-        for got, want in zip(psi_and_grad(hybrid_fn), psi_and_grad(pure_fn)):
+        for got, want in zip(psi_and_grad(hybrid_fn), psi_and_grad(pure_fn), strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
