@@ -1,0 +1,33 @@
+"""What a task hands to the rest of the pipeline: examples with a question and its columns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt of a task.
+
+    ``id`` is stable and names the sample in errors and logs (``"arithmetic/train/17"``,
+    ``"data/train.jsonl:12"``). ``question`` is the raw user text, before any chat template.
+    ``columns`` are passed to every reward function as keyword arguments (TRL's convention):
+    math tasks put the gold ``answer`` there, countdown its ``numbers`` and ``target``.
+    """
+
+    id: str
+    question: str
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
+class Task(Protocol):
+    """A source of training and held-out examples with the rewards that verify them."""
+
+    name: str
+    default_rewards: tuple[str, ...]  # names of built-in reward functions (postrl.rewards)
+
+    def train(self) -> Sequence[Example]: ...
+
+    def test(self) -> Sequence[Example]: ...

@@ -1,0 +1,30 @@
+"""Turning a task's question into the text the model is prompted with (its chat template)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def chat_messages(question: str, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """The conversation to render: an optional system turn, then the user's question."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*messages, {"role": "user", "content": question}]
+
+
+def build_prompt(tokenizer: Any, question: str, system_prompt: str | None = None) -> str:
+    """Render ``question`` with the tokenizer's chat template, ending where the assistant's
+    reply begins (``add_generation_prompt=True``).
+
+    Without a system prompt the template's own default applies (SmolLM2's names itself). A
+    tokenizer without a chat template (a base model) gets the raw text and a newline, with the
+    system prompt, if any, as a first paragraph.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        prefix = f"{system_prompt}\n\n" if system_prompt else ""
+        return f"{prefix}{question}\n"
+    prompt = tokenizer.apply_chat_template(
+        chat_messages(question, system_prompt), tokenize=False, add_generation_prompt=True
+    )
+    if not isinstance(prompt, str):
+        raise TypeError(f"apply_chat_template returned {type(prompt).__name__}, expected str")
+    return prompt

@@ -1,0 +1,84 @@
+"""``load_task(spec, **options)``: from a task spec such as ``"gsm8k:data/train.jsonl"`` to a Task.
+
+Every task accepts ``seed`` (the order of ``train()``) and ``test_fraction``; the others are
+listed by :func:`task_options`. An unknown spec or option is a ConfigError naming it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from postrl.errors import ConfigError
+from postrl.tasks.arithmetic import ArithmeticTask
+from postrl.tasks.base import Task
+from postrl.tasks.countdown import CountdownTask
+from postrl.tasks.files import load_file_task, load_gsm8k, load_saved_dataset, load_table
+
+TASK_FORMS = (
+    "arithmetic",
+    "countdown",
+    "gsm8k:PATH (GSM8K-format JSONL, or a folder with train.jsonl and test.jsonl)",
+    "jsonl:PATH",
+    "parquet:PATH",
+    "DIR (a dataset saved with datasets' save_to_disk)",
+)
+BUILT_IN: dict[str, Callable[..., Task]] = {
+    "arithmetic": ArithmeticTask,
+    "countdown": CountdownTask,
+}
+FILE_KINDS: dict[str, Callable[..., Task]] = {
+    "gsm8k": load_gsm8k,
+    "jsonl": partial(load_table, "jsonl"),
+    "parquet": partial(load_table, "parquet"),
+}
+# Parameters of the loaders that are not options a user sets.
+INTERNAL_PARAMETERS = {"self", "kind", "path", "fields", "reader"}
+
+
+def load_task(spec: str, **options: Any) -> Task:
+    """Build the task named by ``spec``; see ``TASK_FORMS`` for the forms a spec may take."""
+    factory, path = resolve_spec(spec)
+    check_options(spec, factory, options)
+    return factory(**options) if path is None else factory(path, **options)
+
+
+def resolve_spec(spec: str) -> tuple[Callable[..., Task], str | None]:
+    """The factory for ``spec`` and the path it names, if any."""
+    spec = spec.strip()
+    if spec in BUILT_IN:
+        return BUILT_IN[spec], None
+    kind, colon, path = spec.partition(":")
+    if colon and kind in FILE_KINDS:
+        if not path:
+            raise ConfigError(f"task '{spec}': a path is needed after '{kind}:'")
+        return FILE_KINDS[kind], path
+    if spec and Path(spec).is_dir():
+        return load_saved_dataset, spec
+    forms = "\n  ".join(TASK_FORMS)
+    raise ConfigError(f"unknown task '{spec}'; a task is one of:\n  {forms}")
+
+
+def task_options(factory: Callable[..., Task]) -> list[str]:
+    """The option names ``factory`` accepts, following ``**options`` to ``load_file_task``."""
+    signature = inspect.signature(factory)
+    names = [name for name in signature.parameters if name not in INTERNAL_PARAMETERS]
+    kinds = {p.kind for p in signature.parameters.values()}
+    if inspect.Parameter.VAR_KEYWORD in kinds:
+        names = [name for name in names if name != "options"]
+        names += [name for name in task_options(load_file_task) if name not in names]
+    return names
+
+
+def check_options(spec: str, factory: Callable[..., Task], options: dict[str, Any]) -> None:
+    """Raise a ConfigError naming the first option ``factory`` does not accept."""
+    accepted = task_options(factory)
+    for name in options:
+        if name not in accepted:
+            raise ConfigError(
+                f"task option '{name}' does not apply to task '{spec}' "
+                f"(its options: {', '.join(accepted)})"
+            )
