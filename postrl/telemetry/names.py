@@ -1,0 +1,84 @@
+"""Every metric postrl logs, declared once: name, unit and meaning.
+
+Names are ``area/what``. ``docs/metrics.md`` is generated from this table
+(``python -m postrl.telemetry.docs``) and a test keeps the two in sync. Trainers log only
+declared names (``reward/<fn>/mean`` is the one pattern: one per reward function).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    meaning: str
+
+
+METRICS: tuple[Metric, ...] = (
+    # progress and budget
+    Metric("step", "steps", "optimizer steps taken (one per rollout batch and update round)"),
+    Metric("rollout/tokens_generated", "tokens", "cumulative generated tokens, wasted ones included"),
+    Metric("rollout/tokens_wasted", "tokens", "cumulative tokens generated for groups dropped by dynamic sampling"),
+    Metric("rollout/responses", "responses", "cumulative responses generated"),
+    Metric("rollout/sampling_rounds", "rounds", "generation rounds this step (more than 1 with dynamic sampling)"),
+    # rewards and answers
+    Metric("reward/mean", "reward", "mean total reward of the responses trained on this step"),
+    Metric("reward/std", "reward", "standard deviation of the total reward over those responses"),
+    Metric("reward/<fn>/mean", "reward", "mean of one reward function (None values left out)"),
+    Metric("accuracy/mean", "fraction", "share of responses whose answer the task's verifier accepts"),
+    Metric("advantage/mean", "advantage", "mean advantage over valid tokens"),
+    Metric("advantage/abs_mean", "advantage", "mean absolute advantage over valid tokens"),
+    # batch filters
+    Metric("batch/zero_variance_frac", "fraction", "share of generated groups whose rewards are all equal (before filtering)"),
+    Metric("batch/groups_kept", "groups", "groups that reach the loss this step"),
+    Metric("batch/overlong_filtered", "responses", "truncated responses masked out by overlong filtering"),
+    # lengths
+    Metric("length/mean", "tokens", "mean response length"),
+    Metric("length/max", "tokens", "longest response"),
+    Metric("length/correct_mean", "tokens", "mean length of responses with a correct answer"),
+    Metric("length/incorrect_mean", "tokens", "mean length of responses with a wrong answer"),
+    Metric("length/truncated_frac", "fraction", "share of responses that hit max_new_tokens"),
+    # loss
+    Metric("loss/total", "loss", "the optimised loss, all terms, averaged over update rounds"),
+    Metric("loss/policy", "loss", "policy term under the recipe's aggregation"),
+    Metric("loss/per_token", "loss", "policy term under token_mean, whatever the recipe optimises"),
+    Metric("loss/per_response", "loss", "policy term under seq_mean_token_mean, whatever the recipe optimises"),
+    Metric("loss/kl", "loss", "beta * KL term, when the KL is in the loss"),
+    Metric("loss/entropy_bonus", "loss", "entropy_coef * entropy, when the bonus is on"),
+    Metric("loss/value", "loss", "critic's clipped value loss (PPO)"),
+    Metric("kl/mean", "nats", "token-mean KL estimate to the reference policy"),
+    Metric("entropy/mean", "nats", "token-mean entropy of the policy on the sampled tokens' positions"),
+    # ratios and clipping
+    Metric("clip/low_frac", "fraction", "terms whose lower clip bound was active (A < 0)"),
+    Metric("clip/high_frac", "fraction", "terms whose upper clip bound was active (A > 0)"),
+    Metric("clip/dual_frac", "fraction", "terms bounded by dual-clip"),
+    Metric("ratio/mean", "ratio", "mean importance ratio of the recipe's unit"),
+    Metric("ratio/min", "ratio", "smallest importance ratio"),
+    Metric("ratio/max", "ratio", "largest importance ratio"),
+    Metric("ratio/seq_std", "ratio", "standard deviation over responses of the sequence ratio s_i"),
+    Metric("ratio/token_logratio_std", "nats", "mean over responses of the std of their token log-ratios"),
+    Metric("value/clip_frac", "fraction", "critic terms where the clipped value error was larger"),
+    # optimisation
+    Metric("grad/norm", "norm", "policy gradient norm before clipping"),
+    Metric("lr", "1", "policy learning rate"),
+    # time and throughput
+    Metric("time/generate_s", "s", "seconds spent generating this step"),
+    Metric("time/score_s", "s", "seconds spent in reward functions this step"),
+    Metric("time/reference_s", "s", "seconds spent on old-policy and reference log-probs"),
+    Metric("time/train_s", "s", "seconds spent in forward, backward and optimizer steps"),
+    Metric("time/step_s", "s", "wall-clock seconds of the whole step"),
+    Metric("throughput/tokens_per_s", "tokens/s", "generated tokens this step / step seconds"),
+)
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+def is_declared(name: str) -> bool:
+    """True for a declared name or an instance of ``reward/<fn>/mean``."""
+    if name in BY_NAME:
+        return True
+    parts = name.split("/")
+    return len(parts) == 3 and parts[0] == "reward" and parts[2] == "mean"

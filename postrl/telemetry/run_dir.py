@@ -1,0 +1,135 @@
+"""The run directory ``runs/NAME/``: everything one training run leaves behind.
+
+::
+
+    runs/NAME/
+      config.yaml      the fully resolved configuration (write_config)
+      metrics.jsonl    one line per optimizer step (JsonlSink on metrics_path)
+      samples.jsonl    a few prompts, completions and rewards per step (append_samples)
+      final/           the trained policy as a Hugging Face directory (final_dir)
+      tensorboard/ wandb/ mlruns/   optional trackers (report_to)
+
+``RunDir(path)`` only names the files and never touches the disk, so finished runs can be
+read with it. A training run starts with :meth:`RunDir.create`, which refuses to mix a new
+run into an old one.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from postrl.errors import ConfigError
+from postrl.telemetry.jsonl import append_records, jsonable, read_records
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+FINAL_DIR = "final"
+TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")
+
+# What `overwrite=True` removes: only what postrl itself writes into a run directory.
+# Anything else a user put there (notes, their own files) is left alone.
+RUN_OUTPUTS: tuple[str, ...] = (CONFIG_FILE, METRICS_FILE, SAMPLES_FILE, FINAL_DIR, *TRACKER_DIRS)
+
+
+class RunDir:
+    """Paths and writers for one run directory."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, path: Path | str, *, overwrite: bool = False, resume: bool = False) -> RunDir:
+        """Prepare ``path`` for a new run (or for resuming one) and return it.
+
+        A directory that already holds a ``metrics.jsonl`` belongs to an earlier run:
+        without ``overwrite`` or ``resume`` this raises ConfigError naming the path and the
+        ``overwrite`` option. ``overwrite=True`` deletes postrl's own outputs there
+        (:data:`RUN_OUTPUTS`) and nothing else; ``resume=True`` keeps them, so new steps are
+        appended to the same files.
+        """
+        if overwrite and resume:
+            raise ConfigError("overwrite and resume exclude each other: set at most one")
+        run = cls(path)
+        if run.metrics_path.exists() and not resume:
+            if not overwrite:
+                raise ConfigError(
+                    f"run directory {run.path} already holds {METRICS_FILE} from an earlier "
+                    "run; choose another output directory, or set overwrite=true to replace "
+                    "that run's outputs (your other files there are kept)"
+                )
+            run.remove_outputs()
+        run.path.mkdir(parents=True, exist_ok=True)
+        return run
+
+    def remove_outputs(self) -> None:
+        """Delete the files and folders postrl writes here (:data:`RUN_OUTPUTS`) only."""
+        for name in RUN_OUTPUTS:
+            target = self.path / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+
+    @property
+    def name(self) -> str:
+        """The run's name: the directory's last component."""
+        return self.path.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @property
+    def samples_path(self) -> Path:
+        return self.path / SAMPLES_FILE
+
+    @property
+    def final_dir(self) -> Path:
+        return self.path / FINAL_DIR
+
+    def write_config(self, resolved: Mapping[str, Any]) -> Path:
+        """Write the resolved configuration to ``config.yaml``, keys in their given order.
+
+        Tuples become lists and paths strings, so ``dataclasses.asdict`` output is fine.
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        text = yaml.safe_dump(jsonable(dict(resolved)), sort_keys=False, allow_unicode=True)
+        self.config_path.write_text(text, encoding="utf-8")
+        return self.config_path
+
+    def read_config(self) -> dict[str, Any]:
+        """The configuration written by :meth:`write_config`."""
+        return yaml.safe_load(self.config_path.read_text(encoding="utf-8")) or {}
+
+    def append_samples(self, step: int, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Append one line per row to ``samples.jsonl``, each as ``{"step": step, **row}``.
+
+        Rows are whatever the trainer shows (prompt, completion, reward, per-function
+        rewards, correct, length, finish_reason, ...); values must be JSON-serialisable
+        after :func:`~postrl.telemetry.jsonl.jsonable` (NaN becomes null). Each line is
+        fsync-ed like the metrics; a row that cannot be
+        serialised raises before anything is written.
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        append_records(self.samples_path, ({"step": int(step), **row} for row in rows))
+
+    def read_samples(self) -> list[dict[str, Any]]:
+        """Every row written by :meth:`append_samples`, in order."""
+        return read_records(self.samples_path)
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """Every line of ``metrics.jsonl``, one dict per logged step."""
+        return read_records(self.metrics_path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
