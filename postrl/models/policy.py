@@ -1,0 +1,79 @@
+"""The models around a policy: LoRA adapters, the reference policy, PPO's critic, saving."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from postrl.models.logprobs import SequenceBatch, response_logprobs
+
+
+def apply_lora(model, r: int, alpha: int, dropout: float, target_modules: list[str]):
+    """Wrap ``model`` with peft LoRA adapters; only the adapters are trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
+                        target_modules=list(target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+def causal_lm(model):
+    """The transformers causal LM inside a (possibly peft-wrapped) policy."""
+    return model.get_base_model() if is_lora(model) else model
+
+
+class ReferencePolicy:
+    """Log-probs under the frozen reference: the base model with LoRA adapters disabled, or a
+    frozen copy of the initial policy when all weights are trained."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self.frozen = None
+        if not is_lora(policy):
+            self.frozen = copy.deepcopy(policy).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def logprobs(self, batch: SequenceBatch, temperature: float, chunk_rows: int) -> torch.Tensor:
+        if self.frozen is not None:
+            return response_logprobs(self.frozen, batch, temperature, chunk_rows=chunk_rows)[0]
+        with self.policy.disable_adapter():
+            return response_logprobs(causal_lm(self.policy), batch, temperature,
+                                     chunk_rows=chunk_rows)[0]
+
+
+class ValueModel(nn.Module):
+    """PPO's critic: a copy of the policy's backbone with a scalar head (Schulman et al. 2017).
+
+    ``values(batch)[i, t]`` estimates the return from the state just before response token t,
+    read at the same position that predicts token t.
+    """
+
+    def __init__(self, policy) -> None:
+        super().__init__()
+        lm = causal_lm(policy)
+        self.backbone = copy.deepcopy(lm.model).requires_grad_(True)
+        self.head = nn.Linear(lm.config.hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def values(self, batch: SequenceBatch) -> torch.Tensor:
+        hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               position_ids=batch.position_ids, use_cache=False).last_hidden_state
+        width = batch.input_ids.shape[1] - batch.prompt_width
+        hidden = hidden[:, batch.prompt_width - 1 : batch.prompt_width - 1 + width]
+        return self.head(hidden).squeeze(-1).float()
+
+
+def save_policy(model, tokenizer, path: Path) -> None:
+    """A Hugging Face directory ``transformers`` loads directly (LoRA merged into a copy)."""
+    path.mkdir(parents=True, exist_ok=True)
+    plain = copy.deepcopy(model).merge_and_unload() if is_lora(model) else model
+    plain.save_pretrained(path)
+    tokenizer.save_pretrained(path)

@@ -1,0 +1,106 @@
+"""The default rollout backend: a lean sampling loop over a transformers causal LM.
+
+All ``P*G`` rows are generated together (in chunks of ``batch_size`` rows) with a KV cache:
+one prefill over the left-padded prompts, then one forward per new token. The engine shares
+the policy's module, so it always samples from the current weights.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+from postrl.rollout.base import Rollouts, SamplingParams
+from postrl.rollout.sampling import next_tokens
+
+
+class HFRolloutEngine:
+    def __init__(self, model, tokenizer, batch_size: int | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        eos = {tokenizer.eos_token_id}
+        generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos |= set(generation_eos) if isinstance(generation_eos, list) else {generation_eos}
+        self.eos_ids = torch.tensor(sorted(e for e in eos if e is not None), dtype=torch.long)
+        # transformers renamed `past_key_values` to `cache` (5.2x); use whichever it takes
+        parameters = inspect.signature(model.forward).parameters
+        self.cache_keyword = "cache" if "cache" in parameters else "past_key_values"
+
+    def generate(
+        self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, seed: int
+    ) -> Rollouts:
+        rows = [list(p) for p in prompt_ids for _ in range(group_size)]
+        generator = torch.Generator().manual_seed(seed)
+        chunk = self.batch_size or len(rows)
+        parts = [self._generate_rows(rows[i : i + chunk], params, generator)
+                 for i in range(0, len(rows), chunk)]
+        width = max(p[0].shape[1] for p in parts)
+
+        def cat(index: int, fill) -> torch.Tensor:
+            return torch.cat([torch.nn.functional.pad(p[index], (0, width - p[index].shape[1]),
+                                                      value=fill) for p in parts])
+
+        response_ids, mask, logprobs = cat(0, self.pad_id), cat(1, False), cat(2, 0.0)
+        reasons = [r for p in parts for r in p[3]]
+        lengths = mask.sum(dim=1)
+        generated = [ids[:n].tolist() for ids, n in zip(response_ids, lengths, strict=True)]
+        texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
+        return Rollouts(rows, response_ids, mask, logprobs, lengths, reasons, texts, group_size)
+
+    @torch.inference_mode()
+    def _generate_rows(self, rows: list[list[int]], params: SamplingParams, generator):
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._sample(rows, params, generator)
+        finally:
+            self.model.train(was_training)
+
+    def _sample(self, rows: list[list[int]], params: SamplingParams, generator):
+        batch, prompt_len = len(rows), max(len(r) for r in rows)
+        input_ids = torch.full((batch, prompt_len), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((batch, prompt_len), dtype=torch.long)
+        for i, row in enumerate(rows):  # left padding keeps every row's last token aligned
+            input_ids[i, prompt_len - len(row):] = torch.tensor(row)
+            attention[i, prompt_len - len(row):] = 1
+        positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                         use_cache=True, **{self.cache_keyword: cache})
+        tokens, logprobs, valid = [], [], []
+        alive = torch.ones(batch, dtype=torch.bool)
+        reasons = ["length"] * batch
+        next_position = positions[:, -1:] + 1
+        for step in range(params.max_new_tokens):
+            token, logprob = next_tokens(out.logits[:, -1], params, generator)
+            tokens.append(token.masked_fill(~alive, self.pad_id))
+            logprobs.append(logprob.masked_fill(~alive, 0.0))
+            valid.append(alive.clone())  # a token is part of the response iff its row was alive
+            ended = alive & torch.isin(token, self.eos_ids)
+            for i in ended.nonzero().flatten().tolist():
+                reasons[i] = "eos"
+            alive &= ~ended
+            if params.stop:
+                self._apply_stop_strings(tokens, alive, reasons, params.stop)
+            if not alive.any() or step == params.max_new_tokens - 1:
+                break
+            attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long)], dim=1)
+            out = self.model(input_ids=tokens[-1].unsqueeze(1), attention_mask=attention,
+                             position_ids=next_position, use_cache=True,
+                             **{self.cache_keyword: cache})
+            next_position = next_position + 1
+        return (torch.stack(tokens, dim=1), torch.stack(valid, dim=1),
+                torch.stack(logprobs, dim=1), reasons)
+
+    def _apply_stop_strings(self, tokens, alive, reasons, stop) -> None:
+        """End (in place) every live row whose decoded text now contains a stop string."""
+        generated = torch.stack(tokens, dim=1)
+        for i in alive.nonzero().flatten().tolist():
+            text = self.tokenizer.decode(generated[i].tolist(), skip_special_tokens=True)
+            if any(s in text for s in stop):
+                alive[i] = False
+                reasons[i] = "stop"
