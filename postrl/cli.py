@@ -1,7 +1,6 @@
-"""The ``postrl`` command.
+"""The ``postrl`` command: train, eval, recipes, explain.
 
-Subcommands so far: ``recipes`` (the component table) and ``explain`` (what a recipe is made
-of, or exactly how two recipes differ). Errors a user can fix are printed without a traceback.
+Errors a user can fix (``PostRLError``) are printed without a traceback.
 """
 
 from __future__ import annotations
@@ -62,9 +61,47 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+TRAIN_FLAGS = ("recipe", "model", "task", "steps", "out", "seed")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from postrl.config import load_config
+    from postrl.train.trainer import Trainer
+
+    overrides = [f"{key}={getattr(args, key)}" for key in TRAIN_FLAGS
+                 if getattr(args, key) is not None] + list(args.overrides)
+    cfg = load_config(args.config, overrides)
+    metrics = Trainer(cfg).train()
+    final = cfg.run_dir() / "final"
+    print(f"saved {final}  (reward/mean {metrics.get('reward/mean', float('nan')):.3f}, "
+          f"{int(metrics.get('rollout/tokens_generated', 0))} tokens generated)")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from postrl.train.evaluate import run_eval
+
+    return run_eval(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from postrl.train.evaluate import add_eval_arguments
+
     parser = argparse.ArgumentParser(prog="postrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a policy with a recipe",
+                           description="Train with a YAML config and/or key=value overrides, "
+                                       "e.g. postrl train --recipe dapo --model tiny --steps 3 "
+                                       "recipe_options.clip_high=0.3")
+    train.add_argument("--config", help="YAML file of TrainConfig options")
+    for key in TRAIN_FLAGS:
+        train.add_argument(f"--{key}", help=f"same as {key}=VALUE")
+    train.add_argument("overrides", nargs="*", metavar="key=value",
+                       help="any TrainConfig option; dotted for groups (lora.r=8)")
+    train.set_defaults(func=cmd_train)
+    evaluate = sub.add_parser("eval", help="pass@1 (greedy) and unbiased pass@k on a task")
+    add_eval_arguments(evaluate)
+    evaluate.set_defaults(func=cmd_eval)
     recipes = sub.add_parser("recipes", help="print the component table of every recipe")
     recipes.add_argument("--all", action="store_true", help="include the optional extras")
     recipes.add_argument("--markdown", action="store_true", help="print a Markdown table")

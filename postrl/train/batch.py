@@ -1,0 +1,96 @@
+"""From kept groups to the tensors of one training batch: shaping, filters, advantages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from postrl.models.logprobs import SequenceBatch
+from postrl.objectives import advantages as adv
+from postrl.objectives import kl_penalty
+from postrl.recipes import Recipe
+from postrl.train.sampling import Group
+
+
+@dataclass
+class TrainBatch:
+    """``N = groups * G`` rows, right-padded ``[N, T]``; groups adjacent, in order."""
+
+    prompt_ids: list[list[int]]
+    response_ids: Tensor
+    response_mask: Tensor  # bool, after overlong filtering
+    rewards: Tensor  # [N] total reward after shaping
+    correct: Tensor  # [N] bool
+    lengths: Tensor  # [N] generated tokens (before any filtering)
+    truncated: Tensor  # [N] bool: hit max_new_tokens
+    group_size: int
+    old_logp: Tensor | None = None  # only when a batch gets more than one update
+    ref_logp: Tensor | None = None  # only when a KL term is on
+    old_values: Tensor | None = None  # PPO
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.response_ids.shape[0]
+
+    def sequences(self, rows: Tensor, pad_id: int) -> SequenceBatch:
+        """The forward-pass input of some rows, trimmed to their longest response."""
+        width = max(int(self.lengths[rows].max()), 1)
+        return SequenceBatch.build([self.prompt_ids[i] for i in rows.tolist()],
+                                   self.response_ids[rows, :width],
+                                   self.response_mask[rows, :width], pad_id)
+
+
+def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
+    """Concatenate groups; with overlong filtering (DAPO §3.4) truncated rows get mask 0."""
+    width = max(g.rollouts.response_ids.shape[1] for g in groups)
+
+    def cat(name: str, fill) -> Tensor:
+        parts = [getattr(g.rollouts, name) for g in groups]
+        return torch.cat([F.pad(p, (0, width - p.shape[1]), value=fill) for p in parts])
+
+    truncated = torch.tensor([r == "length" for g in groups for r in g.rollouts.finish_reasons])
+    mask = cat("response_mask", False)
+    if overlong_filter:
+        mask = mask & ~truncated.unsqueeze(1)
+    return TrainBatch(
+        prompt_ids=[p for g in groups for p in g.rollouts.prompt_ids],
+        response_ids=cat("response_ids", 0),
+        response_mask=mask,
+        rewards=torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32),
+        correct=torch.tensor([c for g in groups for c in g.correct]),
+        lengths=torch.cat([g.rollouts.lengths for g in groups]),
+        truncated=truncated,
+        group_size=groups[0].rollouts.group_size,
+    )
+
+
+def compute_advantages(recipe: Recipe, batch: TrainBatch, kl_coef_in_reward: float,
+                       old_logp: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """Per-token advantages ``[N, T]`` (0 off-mask) and, for GAE, the returns. Branches on
+    the advantage component only (ALGORITHMS.md §1)."""
+    mask = batch.response_mask
+    rewards = batch.rewards
+    penalty = None
+    if kl_coef_in_reward:  # PPO / InstructGPT: -beta * KL per token in the token rewards
+        penalty = kl_coef_in_reward * kl_penalty(old_logp, batch.ref_logp, recipe.kl_estimator)
+        penalty = penalty * mask
+    if recipe.advantage in ("group", "rloo"):
+        per_response = (adv.group(rewards, batch.group_size, recipe.adv_scale, recipe.adv_std,
+                                  recipe.adv_eps)
+                        if recipe.advantage == "group" else adv.rloo(rewards, batch.group_size))
+        return per_response.unsqueeze(1) * mask, None
+    if recipe.advantage == "reinforce_pp_baseline":
+        return adv.reinforce_pp_baseline(rewards, batch.group_size, mask.float(), penalty,
+                                         recipe.gamma, recipe.whiten_advantages), None
+    token_rewards = adv.outcome_token_rewards(rewards, mask)
+    if penalty is not None:
+        token_rewards = token_rewards - penalty
+    if recipe.advantage == "reinforce_pp":
+        return adv.reinforce_pp(token_rewards, mask, recipe.gamma, recipe.whiten_advantages), None
+    return adv.gae(token_rewards, batch.old_values, mask, recipe.gamma, recipe.lam,
+                   recipe.whiten_advantages)

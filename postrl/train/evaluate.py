@@ -1,0 +1,223 @@
+"""Held-out evaluation: pass@1 with greedy decoding and the unbiased pass@k estimator.
+
+``postrl eval --model PATH_OR_RUN --task SPEC`` generates on the first ``n`` test problems of a
+task and checks each completion with the task's verifier (its first default reward: a sample is
+correct iff that reward is 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from postrl.errors import ConfigError
+from postrl.rewards import Scorer
+from postrl.rollout import HFRolloutEngine, SamplingParams
+from postrl.tasks import Example, Task, build_prompt
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` are correct: 1 - C(n-c, k) / C(n, k).
+
+    Chen et al. 2021, "Evaluating Large Language Models Trained on Code", eq. 1 (the chance that
+    k samples drawn without replacement from the n include a correct one). The ratio is the
+    product prod_{i=0}^{k-1} (n-c-i) / (n-i), which never forms the huge binomials.
+    """
+    if n < 1 or k < 1:
+        raise ValueError(f"pass@k needs n >= 1 and k >= 1, got n={n}, k={k}")
+    if k > n:
+        raise ValueError(f"pass@k needs k <= n (k={k} of only n={n} samples)")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n, got c={c}, n={n}")
+    if n - c < k:  # every k-subset contains a correct sample
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+@dataclass
+class ProblemResult:
+    """One problem: how many of its sampled completions were correct (0 when none were
+    sampled), and whether the greedy one was."""
+
+    id: str
+    correct: int
+    greedy_correct: bool
+
+
+@dataclass
+class EvalResult:
+    """Means over problems; ``pass_at_k`` is empty when no k > 1 was asked (no sampling).
+
+    ``mean_length`` is over the greedy completions (tokens), ``mean_sampled_length`` over the
+    sampled ones (None without sampling).
+    """
+
+    task: str
+    model: str
+    n_problems: int
+    samples_per_problem: int
+    temperature: float
+    pass_at_1_greedy: float
+    pass_at_k: dict[int, float]
+    mean_length: float
+    mean_sampled_length: float | None
+    seconds: float
+    per_problem: list[ProblemResult] = field(default_factory=list)
+
+
+def count_correct(
+    verifier: str, examples: Sequence[Example], prompts: Sequence[str],
+    completions: Sequence[str], group_size: int,
+) -> list[int]:
+    """Correct completions per example; the ``group_size`` completions of each are adjacent."""
+    if len(completions) != len(examples) * group_size:
+        raise ValueError(f"{len(completions)} completions for {len(examples)} x {group_size}")
+    rows = [example for example in examples for _ in range(group_size)]
+    names = dict.fromkeys(name for example in examples for name in example.columns)
+    columns = {name: [row.columns.get(name) for row in rows] for name in names}
+    row_prompts = [prompt for prompt in prompts for _ in range(group_size)]
+    scorer = Scorer([(verifier, 1.0)])
+    scored = scorer.score(row_prompts, list(completions), columns)
+    flags = [value == 1.0 for value in scored.per_function[scorer.names[0]]]
+    return [sum(flags[i * group_size : (i + 1) * group_size]) for i in range(len(examples))]
+
+
+def _generate(engine, tokenizer, prompts, group_size, params, seed) -> tuple[list[str], list[int]]:
+    ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
+    rollouts = engine.generate(ids, group_size, params, seed)
+    return rollouts.texts, rollouts.lengths.tolist()
+
+
+def evaluate(
+    model: Any, tokenizer: Any, task: Task, n: int | None, ks: Sequence[int],
+    temperature: float = 1.0, max_new_tokens: int = 64, seed: int = 0,
+    system_prompt: str | None = None, batch_prompts: int = 8, model_name: str = "",
+) -> EvalResult:
+    """Greedy pass@1 and (when some k > 1) unbiased pass@k from max(ks) samples per problem,
+    on the first ``n`` test problems (all when None), ``batch_prompts`` prompts at a time."""
+    if not ks or any(k < 1 for k in ks):
+        raise ConfigError(f"ks must be positive integers, got {list(ks)}")
+    if n is not None and n < 1:
+        raise ConfigError(f"n must be >= 1 (or None for all), got {n}")
+    start = time.perf_counter()
+    examples = list(task.test())[:n]
+    samples = max(ks) if max(ks) > 1 else 0
+    verifier, engine = task.default_rewards[0], HFRolloutEngine(model, tokenizer)
+    greedy_params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    sample_params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+    greedy, correct, lengths, sampled_lengths = [], [], [], []
+    for index in range(0, len(examples), batch_prompts):
+        chunk = examples[index : index + batch_prompts]
+        prompts = [build_prompt(tokenizer, ex.question, system_prompt) for ex in chunk]
+        texts, chunk_lengths = _generate(engine, tokenizer, prompts, 1, greedy_params, seed)
+        greedy += count_correct(verifier, chunk, prompts, texts, 1)
+        lengths += chunk_lengths
+        if samples:
+            texts, chunk_lengths = _generate(
+                engine, tokenizer, prompts, samples, sample_params, seed + index
+            )
+            correct += count_correct(verifier, chunk, prompts, texts, samples)
+            sampled_lengths += chunk_lengths
+    return EvalResult(
+        task=getattr(task, "name", type(task).__name__), model=model_name,
+        n_problems=len(examples), samples_per_problem=samples, temperature=temperature,
+        pass_at_1_greedy=_mean(greedy),
+        pass_at_k={k: _mean([pass_at_k(samples, c, k) for c in correct])
+                   for k in sorted(set(ks))} if samples else {},
+        mean_length=_mean(lengths),
+        mean_sampled_length=_mean(sampled_lengths) if samples else None,
+        seconds=time.perf_counter() - start,
+        per_problem=[ProblemResult(ex.id, correct[i] if samples else 0, bool(greedy[i]))
+                     for i, ex in enumerate(examples)],
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def resolve_eval_model(path_or_run: str) -> str:
+    """A run directory (``runs/NAME`` with ``final/config.json``) -> its ``final`` policy;
+    anything else is returned unchanged (a model spec as for ``load_policy``)."""
+    final = Path(path_or_run).expanduser() / "final"
+    return str(final) if (final / "config.json").is_file() else path_or_run
+
+
+# --- the `postrl eval` command ---------------------------------------------------------------
+
+
+def parse_ks(text: str) -> list[int]:
+    """``"1,8"`` -> ``[1, 8]``; ConfigError naming ``--k`` for anything but positive integers."""
+    try:
+        ks = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        ks = []
+    if not ks or ks[0] < 1:
+        raise ConfigError(f"--k must be positive integers separated by commas, got {text!r}")
+    return ks
+
+
+def parse_task_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["digits=2", "operators=+-"]`` -> ``{"digits": 2, "operators": "+-"}`` (YAML scalars)."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(f"--task-option must be KEY=VALUE, got {pair!r}")
+        options[key.strip()] = yaml.safe_load(value) if value.strip() else value
+    return options
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``postrl eval``."""
+    add = parser.add_argument
+    add("--model", default="smollm2-135m-instruct",
+        help="smollm2-135m-instruct, tiny, a Hugging Face directory or a run directory")
+    add("--task", default="arithmetic", help="task spec, e.g. arithmetic or gsm8k:PATH")
+    add("--task-option", action="append", default=[], metavar="KEY=VALUE",
+        help="a task option (repeatable), e.g. digits=2")
+    add("--n", type=int, default=200, help="evaluate the first N test problems")
+    add("--k", default="1,8", help="comma-separated k for unbiased pass@k (Chen et al. 2021)")
+    add("--temperature", type=float, default=1.0, help="sampling temperature for pass@k")
+    add("--max-new-tokens", type=int, default=64, help="tokens generated per completion")
+    add("--seed", type=int, default=0, help="seed of the sampling")
+    add("--system-prompt", default=None, help="system prompt for the chat template")
+    add("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """``postrl eval``: load, evaluate, print a table (or JSON with ``--json``)."""
+    from postrl.models import load_policy
+    from postrl.tasks import load_task
+
+    ks = parse_ks(args.k)
+    if args.n < 1:
+        raise ConfigError(f"--n must be >= 1, got {args.n}")
+    spec = resolve_eval_model(args.model)
+    task = load_task(args.task, **parse_task_options(args.task_option))
+    model, tokenizer = load_policy(spec, seed=args.seed)
+    result = evaluate(model, tokenizer, task, args.n, ks, temperature=args.temperature,
+                      max_new_tokens=args.max_new_tokens, seed=args.seed,
+                      system_prompt=args.system_prompt, model_name=spec)
+    print(json.dumps(asdict(result)) if args.json else format_result(result))
+    return 0
+
+
+def format_result(result: EvalResult) -> str:
+    """A short plain-text table of the headline numbers."""
+    rows = [("pass@1 (greedy)", f"{result.pass_at_1_greedy:.3f}")]
+    rows += [(f"pass@{k} (T={result.temperature:g}, {result.samples_per_problem} samples)",
+              f"{value:.3f}") for k, value in result.pass_at_k.items()]
+    rows += [("mean length (greedy, tokens)", f"{result.mean_length:.1f}"),
+             ("seconds", f"{result.seconds:.1f}")]
+    width = max(len(name) for name, _ in rows)
+    head = f"{result.model} on {result.task} ({result.n_problems} test problems)"
+    return "\n".join([head, *(f"  {name:<{width}}  {value}" for name, value in rows)])

@@ -1,0 +1,96 @@
+"""Prompts in, scored groups out: the prompt sampler and DAPO's dynamic sampling (§6)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from postrl.rollout import Rollouts
+from postrl.tasks import Example
+
+
+class PromptSampler:
+    """Endless, seeded passes over the training examples, reshuffled every epoch."""
+
+    def __init__(self, examples: Sequence[Example], seed: int) -> None:
+        if not examples:
+            raise ValueError("the task has no training examples")
+        self.examples = list(examples)
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+        self._order = self._shuffled()
+
+    def _shuffled(self) -> list[int]:
+        order = list(range(len(self.examples)))
+        random.Random(f"{self.seed}/{self.epoch}").shuffle(order)
+        return order
+
+    def take(self, count: int) -> list[Example]:
+        batch = []
+        for _ in range(count):
+            if self.position == len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._shuffled()
+            batch.append(self.examples[self._order[self.position]])
+            self.position += 1
+        return batch
+
+
+@dataclass
+class Group:
+    """One prompt's G responses with their rewards, as generated in one round."""
+
+    example: Example
+    prompt_text: str
+    rollouts: Rollouts  # the G rows of this prompt only
+    rewards: list[float]
+    per_function: dict[str, list[float | None]]
+    correct: list[bool]
+
+    @property
+    def zero_variance(self) -> bool:
+        return max(self.rewards) == min(self.rewards)
+
+    @property
+    def tokens(self) -> int:
+        return self.rollouts.num_tokens
+
+
+@dataclass
+class Collected:
+    groups: list[Group]  # exactly the groups that reach the loss
+    generated: list[Group]  # every group generated this step, in order
+    rounds: int
+
+    @property
+    def tokens_generated(self) -> int:
+        return sum(g.tokens for g in self.generated)
+
+    @property
+    def tokens_wasted(self) -> int:
+        kept = {id(g) for g in self.groups}
+        return sum(g.tokens for g in self.generated if id(g) not in kept)
+
+
+def collect(
+    generate_round: Callable[[int], list[Group]],
+    prompts: int,
+    dynamic_sampling: bool,
+    max_rounds: int,
+) -> Collected:
+    """One round of ``prompts`` groups, or with dynamic sampling (DAPO §3.2) rounds until
+    ``prompts`` groups have reward variance (at most ``max_rounds``); exactly ``prompts``
+    groups are kept, the surplus is discarded (and counted as wasted), as verl's DAPO does."""
+    generated: list[Group] = []
+    useful: list[Group] = []
+    rounds = 0
+    while rounds < (max_rounds if dynamic_sampling else 1):
+        batch = generate_round(rounds)
+        rounds += 1
+        generated += batch
+        useful += [g for g in batch if not (dynamic_sampling and g.zero_variance)]
+        if len(useful) >= prompts:
+            break
+    return Collected(groups=useful[:prompts], generated=generated, rounds=rounds)

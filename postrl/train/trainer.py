@@ -1,0 +1,244 @@
+"""The trainer: one step is prompts -> rollouts -> rewards -> filters -> advantages -> loss ->
+update -> metrics (DESIGN.md). Every choice an algorithm makes comes from the recipe's
+components; nothing here branches on a recipe's name."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+
+import numpy as np
+import torch
+
+from postrl.config import TrainConfig
+from postrl.models import load_policy
+from postrl.models.logprobs import response_logprobs
+from postrl.models.policy import ReferencePolicy, ValueModel, apply_lora, causal_lm, save_policy
+from postrl.rewards import Scorer, load_reward, soft_overlong_penalty
+from postrl.rollout import HFRolloutEngine, SamplingParams
+from postrl.rollout.base import select_rows
+from postrl.tasks import build_prompt, load_task
+from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
+from postrl.train.batch import TrainBatch, assemble, compute_advantages
+from postrl.train.metrics import step_metrics
+from postrl.train.sampling import Collected, Group, PromptSampler, collect
+from postrl.train.update import UpdateSettings, run_updates
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.recipe = cfg.build_recipe()
+        self.loss_cfg = self.recipe.policy_loss_config(cfg.max_new_tokens)
+        torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+        seed_everything(cfg.seed)
+        self.run = RunDir.create(cfg.run_dir(), overwrite=cfg.overwrite)
+        self.task = load_task(cfg.task, **cfg.task_options)
+        self.scorer = Scorer(_reward_specs(cfg.rewards, self.task.default_rewards))
+        self.verifier_name = self.task.default_rewards[0]
+        self.verifier = load_reward(self.verifier_name)
+        model, self.tokenizer = load_policy(cfg.model, seed=cfg.seed)
+        if cfg.lora.r:
+            model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout,
+                               cfg.lora.target_modules)
+        self.policy = model
+        self.lm = causal_lm(model)
+        self.reference = ReferencePolicy(model) if self.recipe.needs_reference else None
+        self.critic = ValueModel(model) if self.recipe.critic else None
+        self.engine = HFRolloutEngine(self.lm, self.tokenizer, batch_size=None)
+        self.sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens,
+                                       tuple(cfg.stop))
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                           lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                           weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
+                                 if self.critic else None)
+        self.sampler = PromptSampler(self.task.train(), cfg.seed)
+        self.update_generator = torch.Generator().manual_seed(cfg.seed)
+        self.prompt_cache: dict[str, list[int]] = {}
+        self.step = 0
+        self.tokens_generated = 0
+        self.tokens_wasted = 0
+        self.responses = 0
+
+    # ---- schedule -------------------------------------------------------------------------
+    def _lr_factor(self, step: int) -> float:
+        cfg = self.cfg
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = min((step - cfg.warmup_steps) / max(cfg.steps - cfg.warmup_steps, 1), 1.0)
+        if cfg.lr_schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def done(self) -> bool:
+        budget = self.cfg.token_budget
+        return self.step >= self.cfg.steps or (budget is not None
+                                               and self.tokens_generated >= budget)
+
+    # ---- one step -------------------------------------------------------------------------
+    def train(self) -> dict[str, float]:
+        """Train until ``steps`` or the token budget; save the final policy; last metrics."""
+        self.run.write_config(self.cfg.resolved())
+        metrics: dict[str, float] = {}
+        sinks = MultiSink([JsonlSink(self.run.metrics_path),
+                           *make_sinks(self.cfg.report_to, self.run.path)])
+        with sinks, TrainProgress(self.cfg.steps, self.cfg.token_budget,
+                                  quiet=self.cfg.quiet) as bar:
+            while not self.done():
+                metrics = self.train_step()
+                sinks.log(self.step, metrics)
+                bar.update(self.step, metrics)
+        save_policy(self.policy, self.tokenizer, self.run.final_dir)
+        return metrics
+
+    def train_step(self) -> dict[str, float]:
+        timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
+        started = time.perf_counter()
+        collected = collect(lambda r: self._generate_round(r, timings), self.cfg.prompts_per_step,
+                            self.recipe.dynamic_sampling, self.recipe.max_sampling_rounds)
+        self.tokens_generated += collected.tokens_generated
+        self.tokens_wasted += collected.tokens_wasted
+        self.responses += sum(g.rollouts.response_ids.shape[0] for g in collected.generated)
+        groups = collected.groups
+        batch = assemble(groups, self.recipe.overlong_filter) if groups else None
+        update_metrics: dict[str, float] = {}
+        if batch is not None:
+            t = time.perf_counter()
+            self._prepare(batch)
+            timings["reference"] = time.perf_counter() - t
+            t = time.perf_counter()
+            update_metrics = self._update(batch)
+            timings["train"] = time.perf_counter() - t
+        self.scheduler.step()
+        self.step += 1
+        metrics = step_metrics(self, collected, batch, update_metrics, timings,
+                               time.perf_counter() - started)
+        self._log_samples(collected)
+        return metrics
+
+    def _generate_round(self, round_index: int, timings: dict[str, float]) -> list[Group]:
+        examples = self.sampler.take(self.cfg.prompts_per_step)
+        prompts = [build_prompt(self.tokenizer, e.question, self.cfg.system_prompt)
+                   for e in examples]
+        ids = [self._prompt_ids(e.id, p) for e, p in zip(examples, prompts, strict=True)]
+        seed = hash((self.cfg.seed, self.step, round_index)) % (2**31)
+        t = time.perf_counter()
+        rollouts = self.engine.generate(ids, self.cfg.group_size, self.sampling, seed)
+        timings["generate"] += time.perf_counter() - t
+        t = time.perf_counter()
+        groups = self._score(examples, prompts, rollouts)
+        timings["score"] += time.perf_counter() - t
+        return groups
+
+    def _prompt_ids(self, example_id: str, prompt: str) -> list[int]:
+        if example_id not in self.prompt_cache:
+            self.prompt_cache[example_id] = self.tokenizer(
+                prompt, add_special_tokens=False).input_ids
+        return self.prompt_cache[example_id]
+
+    def _score(self, examples, prompts, rollouts) -> list[Group]:
+        g = self.cfg.group_size
+        row_prompts = [p for p in prompts for _ in range(g)]
+        columns = {key: [e.columns.get(key) for e in examples for _ in range(g)]
+                   for key in {k for e in examples for k in e.columns}}
+        scored = self.scorer.score(row_prompts, rollouts.texts, columns)
+        per_function = dict(scored.per_function)
+        totals = list(scored.total)
+        if self.recipe.overlong_penalty:  # DAPO eq. 13, added to the outcome reward
+            penalty = soft_overlong_penalty(rollouts.lengths.tolist(), self.cfg.max_new_tokens,
+                                            self.recipe.overlong_buffer,
+                                            self.recipe.overlong_penalty_factor)
+            per_function["overlong_penalty"] = penalty
+            totals = [t + p for t, p in zip(totals, penalty, strict=True)]
+        verdict = per_function.get(self.verifier_name) or self.verifier(
+            row_prompts, rollouts.texts, **columns)
+        groups = []
+        for i, example in enumerate(examples):
+            rows = slice(i * g, (i + 1) * g)
+            groups.append(Group(
+                example=example, prompt_text=prompts[i],
+                rollouts=select_rows(rollouts, rows.start, rows.stop), rewards=totals[rows],
+                per_function={k: v[rows] for k, v in per_function.items()},
+                correct=[v == 1.0 for v in verdict[rows]]))
+        return groups
+
+    # ---- forwards that are not the update -------------------------------------------------
+    @torch.no_grad()
+    def _prepare(self, batch: TrainBatch) -> None:
+        """Old log-probs only when a batch gets more than one update or the KL is in the
+        reward; reference log-probs only with a KL term; values only with a critic."""
+        rows = torch.arange(batch.rows)
+        kl_in_reward = self.recipe.needs_reference and self.recipe.kl_placement == "reward"
+        pad, temperature = self.engine.pad_id, self.cfg.temperature
+        chunk = self.cfg.micro_batch_size
+        parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "values": []}
+        for micro in torch.split(rows, chunk):
+            sequences = batch.sequences(micro, pad)
+            if self.cfg.updates_per_batch > 1 or kl_in_reward:
+                parts["old"].append(response_logprobs(self.lm, sequences, temperature)[0])
+            if self.reference is not None:
+                parts["ref"].append(self.reference.logprobs(sequences, temperature, chunk))
+            if self.critic is not None:
+                parts["values"].append(self.critic.values(sequences))
+        width = batch.response_ids.shape[1]
+        stacked = {k: _cat_padded(v, width) for k, v in parts.items() if v}
+        batch.old_logp = stacked.get("old") if self.cfg.updates_per_batch > 1 else None
+        batch.ref_logp = stacked.get("ref")
+        batch.old_values = stacked.get("values")
+        batch.advantages, batch.returns = compute_advantages(
+            self.recipe, batch, self.recipe.kl_coef if kl_in_reward else 0.0, stacked.get("old"))
+
+    def _update(self, batch: TrainBatch) -> dict[str, float]:
+        settings = UpdateSettings(
+            epochs=self.cfg.epochs, minibatches=self.cfg.minibatches,
+            micro_batch_size=self.cfg.micro_batch_size, temperature=self.cfg.temperature,
+            max_grad_norm=self.cfg.max_grad_norm, pad_id=self.engine.pad_id,
+            train_policy=self.step >= self.cfg.critic_warmup_steps or self.critic is None)
+        self.policy.train()
+        return run_updates(self.lm if self.cfg.lora.r == 0 else self.policy, self.optimizer, batch,
+                           self.recipe, self.loss_cfg, settings, self.update_generator,
+                           self.critic, self.critic_optimizer)
+
+    def _log_samples(self, collected: Collected) -> None:
+        rows = []
+        for group in collected.generated:
+            for j in range(len(group.rewards)):
+                if len(rows) == self.cfg.log_samples:
+                    break
+                rows.append({"id": group.example.id, "prompt": group.example.question,
+                             "completion": group.rollouts.texts[j], "reward": group.rewards[j],
+                             "rewards": {k: v[j] for k, v in group.per_function.items()},
+                             "correct": group.correct[j],
+                             "length": int(group.rollouts.lengths[j]),
+                             "finish_reason": group.rollouts.finish_reasons[j]})
+        self.run.append_samples(self.step, rows)
+
+
+def _cat_padded(parts: list[torch.Tensor], width: int) -> torch.Tensor:
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+
+
+def _reward_specs(rewards: list, defaults: tuple[str, ...]) -> list[tuple[str, float]]:
+    """``rewards`` entries are a name/spec or ``{fn: spec, weight: w}``; [] = the task's."""
+    if not rewards:
+        return [(name, 1.0) for name in defaults]
+    specs = []
+    for entry in rewards:
+        if isinstance(entry, dict):
+            specs.append((entry.get("fn"), entry.get("weight", 1.0)))
+        else:
+            specs.append((entry, 1.0))
+    return specs
+
