@@ -24,9 +24,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+# RECIPE=dapo STEPS=30 make demo to try another recipe or length
 demo: $(STAMP)
-	$(BIN)/postrl recipes
-	$(BIN)/postrl explain dapo --vs grpo
+	$(BIN)/postrl explain grpo
+	$(BIN)/python examples/demo.py $(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))
 
 lint: $(STAMP)
 	$(BIN)/ruff check postrl tests

@@ -27,7 +27,9 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: Estimator) -> Tensor:
         return 0.5 * log_ratio.square()
     if estimator == "k3":
         log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return (log_ratio.exp() - log_ratio - 1).clamp(-K3_CLAMP, K3_CLAMP)
+        # expm1(x) - x, not exp(x) - x - 1: the same value, without float32 cancellation
+        # to 0 for the tiny log-ratios of a policy close to its reference
+        return (torch.expm1(log_ratio) - log_ratio).clamp(-K3_CLAMP, K3_CLAMP)
     raise ValueError(f"unknown KL estimator {estimator!r}; expected k1, k2 or k3")
 
 

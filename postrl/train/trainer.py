@@ -207,9 +207,9 @@ class Trainer:
             max_grad_norm=self.cfg.max_grad_norm, pad_id=self.engine.pad_id,
             train_policy=self.step >= self.cfg.critic_warmup_steps or self.critic is None)
         self.policy.train()
-        return run_updates(self.lm if self.cfg.lora.r == 0 else self.policy, self.optimizer, batch,
-                           self.recipe, self.loss_cfg, settings, self.update_generator,
-                           self.critic, self.critic_optimizer)
+        # with LoRA, self.lm is the base model with the adapters injected (and active)
+        return run_updates(self.lm, self.optimizer, batch, self.recipe, self.loss_cfg, settings,
+                           self.update_generator, self.critic, self.critic_optimizer)
 
     def _log_samples(self, collected: Collected) -> None:
         rows = []

@@ -119,6 +119,9 @@ def test_kl_estimators():
     assert kl_penalty(logp, ref, "k1").item() == pytest.approx(0.5)
     assert kl_penalty(logp, ref, "k2").item() == pytest.approx(0.125)
     assert kl_penalty(logp, ref, "k3").item() == pytest.approx(math.exp(-0.5) - 0.5)  # 0.1065307
+    # near the reference, float32 must not cancel k3 = x^2/2 + x^3/6 + ... to zero
+    small = kl_penalty(torch.tensor([0.0]), torch.tensor([1e-4]), "k3")
+    assert small.item() == pytest.approx(5.0002e-9, rel=1e-3)
     # log_ratio -30 is clamped to -20 (k3 = e^-20 + 19), then k3 to 10; the gradient is 0
     far = leaf([0.0])
     k3 = kl_penalty(far, t([-30.0]), "k3")

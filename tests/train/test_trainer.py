@@ -117,3 +117,19 @@ def test_ppo_critic_value_loss_falls_on_a_fixed_batch(tmp_path):
     trainer.cfg.critic_warmup_steps = 100  # critic only: the batch stays fixed
     losses = [trainer._update(batch)["loss/value"] for _ in range(15)]
     assert losses[-1] < 0.3 * losses[0]
+
+
+def test_lora_trains_only_adapters_against_the_base_as_reference(tmp_path):
+    trainer = Trainer(tiny_config(tmp_path, "grpo", "lora.r=4", "lora.target_modules=[q_proj]",
+                                  "steps=2"))
+    assert trainer.reference is not None and trainer.reference.frozen is None
+    frozen = {n: p.detach().clone() for n, p in trainer.lm.named_parameters()
+              if not p.requires_grad}
+    adapters = {n: p.detach().clone() for n, p in trainer.lm.named_parameters() if p.requires_grad}
+    assert adapters and all("lora_" in n for n in adapters)
+    trainer.train()
+    params = dict(trainer.lm.named_parameters())
+    assert all(torch.equal(params[n], v) for n, v in frozen.items())
+    assert any(not torch.equal(params[n], v) for n, v in adapters.items())
+    assert read_metrics(tmp_path / "grpo")[-1]["kl/mean"] > 0
+    assert (tmp_path / "grpo" / "final" / "config.json").is_file()

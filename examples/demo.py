@@ -1,0 +1,77 @@
+"""`make demo`: evaluate SmolLM2-135M-Instruct on held-out arithmetic, train it with a recipe
+for a few minutes on this CPU, evaluate again, and print before/after accuracy.
+
+    python examples/demo.py [--recipe grpo] [--steps 25] [key=value ...]
+
+Held-out problems are never trained on (the arithmetic task's splits are disjoint by
+construction). Accuracy is measured two ways: greedy pass@1, and the unbiased pass@1 of 8
+samples at temperature 1, the distribution the policy is trained at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from postrl.config import load_config
+from postrl.errors import PostRLError
+from postrl.models import load_policy
+from postrl.tasks import load_task
+from postrl.train.evaluate import evaluate
+from postrl.train.trainer import Trainer
+
+CONFIG = Path(__file__).with_name("demo.yaml")
+
+
+def accuracy(model, tokenizer, cfg) -> dict[str, float]:
+    task = load_task(cfg.task, **cfg.task_options)
+    result = evaluate(model, tokenizer, task, n=None, ks=[1, 8], temperature=cfg.temperature,
+                      max_new_tokens=cfg.max_new_tokens, seed=1234,
+                      system_prompt=cfg.system_prompt)
+    return {"greedy pass@1": result.pass_at_1_greedy, "sampled pass@1": result.pass_at_k[1],
+            "pass@8": result.pass_at_k[8], "problems": result.n_problems}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default=None, help="recipe to train with (default: demo.yaml)")
+    parser.add_argument("--steps", default=None, help="training steps (default: demo.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_args(argv)
+    flags = [f"{k}={v}" for k, v in (("recipe", args.recipe), ("steps", args.steps)) if v]
+    cfg = load_config(CONFIG, ["overwrite=true", *flags, *args.overrides])
+    started = time.perf_counter()
+
+    model, tokenizer = load_policy(cfg.model, seed=cfg.seed)
+    print(f"evaluating {cfg.model} on held-out {cfg.task} problems ...", flush=True)
+    before = accuracy(model, tokenizer, cfg)
+    del model
+
+    print(f"training with recipe {cfg.build_recipe().name} for {cfg.steps} steps ...", flush=True)
+    trainer = Trainer(cfg)
+    trainer.train()
+    after = accuracy(trainer.lm, trainer.tokenizer, cfg)
+
+    minutes = (time.perf_counter() - started) / 60
+    print(f"\n{'held-out accuracy':<16}{'before':>9}{'after':>9}{'change':>10}")
+    for key in ("greedy pass@1", "sampled pass@1", "pass@8"):
+        change = 100 * (after[key] - before[key])
+        print(f"{key:<16}{before[key]:>9.1%}{after[key]:>9.1%}{change:>+9.1f}pt")
+    print(f"({before['problems']} problems; {trainer.tokens_generated} training tokens generated; "
+          f"{minutes:.1f} min in all; run in {cfg.run_dir()})")
+    summary = {"before": before, "after": after, "minutes": minutes,
+               "recipe": cfg.build_recipe().name, "steps": cfg.steps,
+               "tokens_generated": trainer.tokens_generated}
+    (cfg.run_dir() / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except PostRLError as err:
+        print(f"demo: error: {err}", file=sys.stderr)
+        sys.exit(2)
