@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -96,6 +97,22 @@ class TrainConfig:
         return data
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads ``1e-6`` (no dot) as a string; read it as the float a user means."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+"
+               r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
+)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 POSITIVE = ("prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs", "minibatches",
             "micro_batch_size", "lr", "critic_lr")
 NON_NEGATIVE = ("top_k", "warmup_steps", "weight_decay", "critic_warmup_steps", "log_samples")
@@ -154,7 +171,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not key=value")
         try:
-            value = yaml.safe_load(text) if text else ""
+            value = _yaml(text) if text else ""
         except yaml.YAMLError:
             value = text
         _set_dotted(data, key.strip(), value, f"override {item}")
@@ -169,8 +186,8 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         raise ConfigError(f"config file {path} does not exist")
     text = path.read_text()
     try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text) or {}
+        node = yaml.compose(text, Loader=_Loader)
+        data = _yaml(text) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: invalid YAML: {err}") from None
     if not isinstance(data, dict):
@@ -226,11 +243,6 @@ def _coerce(name: str, value: Any, annotation: Any, prefix: str) -> Any:
             return value
         if origin is float and isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
-        if origin is float and isinstance(value, str):
-            try:  # YAML 1.1 reads `1e-6` (no dot) as a string
-                return float(value)
-            except ValueError:
-                pass
         if origin is int and isinstance(value, int) and not isinstance(value, bool):
             return value
         if origin in (str, bool, list, dict) and isinstance(value, origin):

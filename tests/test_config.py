@@ -61,3 +61,13 @@ def test_override_errors(override, message):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_exponent_floats_without_a_dot_are_floats(tmp_path):
+    """YAML 1.1 would read 1e-6 as a string; postrl reads it as the number a user means."""
+    path = tmp_path / "run.yaml"
+    path.write_text("lr: 1e-6\nrecipe: dapo\nrecipe_options: {clip_high: 3e-1}\n")
+    cfg = load_config(path, ["critic_lr=2E-5", "recipe_options.clip_low=1e-1"])
+    assert (cfg.lr, cfg.critic_lr) == (1e-6, 2e-5)
+    assert (cfg.build_recipe().clip_high, cfg.build_recipe().clip_low) == (0.3, 0.1)
+    assert load_config(None, ["system_prompt=1e-3x"]).system_prompt == "1e-3x"
