@@ -39,6 +39,9 @@ def read_metrics(run: Path) -> list[dict]:
 def test_every_recipe_trains_three_steps(tmp_path, recipe):
     extra = ["recipe_options.overlong_buffer=4"] if PRESETS[recipe].overlong_penalty else []
     trainer = Trainer(tiny_config(tmp_path, recipe, *extra))
+    # skip work the recipe does not need: no reference model without a KL term
+    assert (trainer.reference is None) == (not PRESETS[recipe].needs_reference)
+    assert (trainer.critic is None) == (not PRESETS[recipe].critic)
     before = [p.detach().clone() for p in trainer.lm.parameters()]
     trainer.train()
     rows = read_metrics(tmp_path / recipe)
@@ -133,3 +136,23 @@ def test_lora_trains_only_adapters_against_the_base_as_reference(tmp_path):
     assert any(not torch.equal(params[n], v) for n, v in adapters.items())
     assert read_metrics(tmp_path / "grpo")[-1]["kl/mean"] > 0
     assert (tmp_path / "grpo" / "final" / "config.json").is_file()
+
+
+def test_several_updates_per_batch_go_off_policy(tmp_path):
+    """With 2 epochs x 2 minibatches the old log-probs are computed once, before the first
+    update; later updates see ratios != 1, so GSPO's tiny clip range becomes active."""
+    trainer = Trainer(tiny_config(tmp_path, "gspo", "epochs=2", "minibatches=2", "steps=2"))
+    trainer.train()
+    rows = read_metrics(tmp_path / "gspo")
+    assert all(r["ratio/seq_std"] > 0 for r in rows)
+    assert any(r["clip/low_frac"] + r["clip/high_frac"] > 0 for r in rows)
+
+
+def test_token_budget_stops_the_run_within_one_step(tmp_path):
+    trainer = Trainer(tiny_config(tmp_path, "grpo", "steps=100", "token_budget=100"))
+    trainer.train()
+    rows = read_metrics(tmp_path / "grpo")
+    per_step = [b["rollout/tokens_generated"] - a["rollout/tokens_generated"]
+                for a, b in zip([{"rollout/tokens_generated": 0}, *rows], rows, strict=False)]
+    assert rows[-1]["rollout/tokens_generated"] >= 100 > rows[-2]["rollout/tokens_generated"]
+    assert rows[-1]["rollout/tokens_generated"] - 100 < max(per_step)
