@@ -66,6 +66,10 @@ class TrainConfig:
     micro_batch_size: int = 8
     critic_lr: float = 1e-5
     critic_warmup_steps: int = 0
+    # held-out evaluation during training, and frozen rollout batches for `postrl replay`
+    eval_every: int = 0  # steps; 0 = off
+    eval_n: int = 50  # held-out problems, greedy pass@1
+    save_rollouts_every: int = 0  # steps; 0 = off
     # the run
     seed: int = 0
     out: str | None = None  # default runs/<recipe>-<task>-s<seed>
@@ -113,9 +117,10 @@ def _yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
-POSITIVE = ("prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs", "minibatches",
-            "micro_batch_size", "lr", "critic_lr")
-NON_NEGATIVE = ("top_k", "warmup_steps", "weight_decay", "critic_warmup_steps", "log_samples")
+POSITIVE = ("eval_n", "prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs",
+            "minibatches", "micro_batch_size", "lr", "critic_lr")
+NON_NEGATIVE = ("top_k", "warmup_steps", "weight_decay", "critic_warmup_steps", "log_samples",
+                "eval_every", "save_rollouts_every")
 SCHEDULES = ("constant", "linear", "cosine")
 
 

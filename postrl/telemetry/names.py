@@ -61,6 +61,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("ratio/seq_std", "ratio", "standard deviation over responses of the sequence ratio s_i"),
     Metric("ratio/token_logratio_std", "nats", "mean over responses of the std of their token log-ratios"),
     Metric("value/clip_frac", "fraction", "critic terms where the clipped value error was larger"),
+    # held-out evaluation (every eval_every steps)
+    Metric("eval/accuracy", "fraction", "greedy pass@1 on the first eval_n held-out problems"),
+    Metric("eval/mean_length", "tokens", "mean length of those greedy answers"),
     # optimisation
     Metric("grad/norm", "norm", "policy gradient norm before clipping"),
     Metric("lr", "1", "policy learning rate"),
@@ -69,6 +72,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("time/score_s", "s", "seconds spent in reward functions this step"),
     Metric("time/reference_s", "s", "seconds spent on old-policy and reference log-probs"),
     Metric("time/train_s", "s", "seconds spent in forward, backward and optimizer steps"),
+    Metric("time/eval_s", "s", "seconds spent on held-out evaluation this step (not in step_s)"),
     Metric("time/step_s", "s", "wall-clock seconds of the whole step"),
     Metric("throughput/tokens_per_s", "tokens/s", "generated tokens this step / step seconds"),
 )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -94,3 +97,18 @@ def compute_advantages(recipe: Recipe, batch: TrainBatch, kl_coef_in_reward: flo
         return adv.reinforce_pp(token_rewards, mask, recipe.gamma, recipe.whiten_advantages), None
     return adv.gae(token_rewards, batch.old_values, mask, recipe.gamma, recipe.lam,
                    recipe.whiten_advantages)
+
+
+def save_rollout_batch(batch: TrainBatch, path: Path, config: dict[str, Any]) -> None:
+    """Freeze a batch (tokens, masks, rewards, advantages, log-probs) for ``postrl replay``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    temporary = path.with_suffix(".tmp")
+    torch.save({"batch": fields, "config": config}, temporary)
+    temporary.replace(path)
+
+
+def load_rollout_batch(path: Path) -> tuple[TrainBatch, dict[str, Any]]:
+    """The batch and the resolved config of the run that saved it."""
+    saved = torch.load(path, weights_only=False)
+    return TrainBatch(**saved["batch"]), saved["config"]

@@ -21,7 +21,8 @@ from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import select_rows
 from postrl.tasks import build_prompt, load_task
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
-from postrl.train.batch import TrainBatch, assemble, compute_advantages
+from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
+from postrl.train.evaluate import evaluate
 from postrl.train.metrics import step_metrics
 from postrl.train.sampling import Collected, Group, PromptSampler, collect
 from postrl.train.update import UpdateSettings, run_updates
@@ -98,6 +99,7 @@ class Trainer:
                                   quiet=self.cfg.quiet) as bar:
             while not self.done():
                 metrics = self.train_step()
+                metrics.update(self._maybe_evaluate())
                 sinks.log(self.step, metrics)
                 bar.update(self.step, metrics)
         save_policy(self.policy, self.tokenizer, self.run.final_dir)
@@ -126,7 +128,22 @@ class Trainer:
         metrics = step_metrics(self, collected, batch, update_metrics, timings,
                                time.perf_counter() - started)
         self._log_samples(collected)
+        every = self.cfg.save_rollouts_every
+        if batch is not None and every and self.step % every == 0:
+            save_rollout_batch(batch, self.run.path / "rollouts" / f"step_{self.step}.pt",
+                               self.cfg.resolved())
         return metrics
+
+    def _maybe_evaluate(self) -> dict[str, float]:
+        """Greedy pass@1 on the first ``eval_n`` held-out problems, every ``eval_every``."""
+        if not self.cfg.eval_every or self.step % self.cfg.eval_every:
+            return {}
+        started = time.perf_counter()
+        result = evaluate(self.lm, self.tokenizer, self.task, self.cfg.eval_n, [1],
+                          max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed,
+                          system_prompt=self.cfg.system_prompt)
+        return {"eval/accuracy": result.pass_at_1_greedy, "eval/mean_length": result.mean_length,
+                "time/eval_s": time.perf_counter() - started}
 
     def _generate_round(self, round_index: int, timings: dict[str, float]) -> list[Group]:
         examples = self.sampler.take(self.cfg.prompts_per_step)

@@ -156,3 +156,20 @@ def test_token_budget_stops_the_run_within_one_step(tmp_path):
                 for a, b in zip([{"rollout/tokens_generated": 0}, *rows], rows, strict=False)]
     assert rows[-1]["rollout/tokens_generated"] >= 100 > rows[-2]["rollout/tokens_generated"]
     assert rows[-1]["rollout/tokens_generated"] - 100 < max(per_step)
+
+
+def test_periodic_eval_and_saved_rollout_batches(tmp_path):
+    from postrl.train.batch import load_rollout_batch
+
+    trainer = Trainer(tiny_config(tmp_path, "grpo", "eval_every=2", "eval_n=3", "steps=4",
+                                  "save_rollouts_every=2"))
+    trainer.train()
+    rows = read_metrics(tmp_path / "grpo")
+    assert ["eval/accuracy" in r for r in rows] == [False, True, False, True]
+    assert 0 <= rows[1]["eval/accuracy"] <= 1 and rows[1]["time/eval_s"] > 0
+    saved = sorted((tmp_path / "grpo" / "rollouts").glob("*.pt"))
+    assert [p.name for p in saved] == ["step_2.pt", "step_4.pt"]
+    batch, config = load_rollout_batch(saved[0])
+    assert config["resolved_recipe"]["name"] == "grpo"
+    assert batch.advantages.shape == batch.response_ids.shape == batch.ref_logp.shape
+    assert batch.rows == 8
