@@ -70,6 +70,13 @@ class TrainConfig:
     eval_every: int = 0  # steps; 0 = off
     eval_n: int = 50  # held-out problems, greedy pass@1
     save_rollouts_every: int = 0  # steps; 0 = off
+    # reliability (docs/reliability.md)
+    save_every: int = 0  # checkpoint every N steps and at the end; 0 = no checkpoints
+    keep_last: int = 2
+    resume: str = "no"  # "no", "auto" (newest valid checkpoint) or a checkpoint directory
+    max_skipped_steps: int = 3  # abort after this many non-finite steps in a row
+    reward_errors: str = "raise"  # or "zero": a failing reward scores 0, counted in reward/errors
+    reward_timeout_s: float | None = 60.0  # per reward function call on a batch
     # the run
     seed: int = 0
     out: str | None = None  # default runs/<recipe>-<task>-s<seed>
@@ -117,10 +124,10 @@ def _yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
-POSITIVE = ("eval_n", "prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs",
-            "minibatches", "micro_batch_size", "lr", "critic_lr")
+POSITIVE = ("prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs", "minibatches",
+            "micro_batch_size", "lr", "critic_lr", "eval_n", "keep_last", "max_skipped_steps")
 NON_NEGATIVE = ("top_k", "warmup_steps", "weight_decay", "critic_warmup_steps", "log_samples",
-                "eval_every", "save_rollouts_every")
+                "eval_every", "save_rollouts_every", "save_every")
 SCHEDULES = ("constant", "linear", "cosine")
 
 
@@ -143,6 +150,13 @@ def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
         fail("top_p", f"top_p must be in (0, 1], got {cfg.top_p}")
     if cfg.token_budget is not None and cfg.token_budget <= 0:
         fail("token_budget", f"token_budget must be > 0 or null, got {cfg.token_budget}")
+    if cfg.reward_errors not in ("raise", "zero"):
+        fail("reward_errors", f"reward_errors must be raise or zero, got {cfg.reward_errors!r}")
+    if cfg.reward_timeout_s is not None and cfg.reward_timeout_s <= 0:
+        fail("reward_timeout_s", f"reward_timeout_s must be > 0 or null, got "
+             f"{cfg.reward_timeout_s}")
+    if cfg.resume != "no" and cfg.overwrite:
+        fail("resume", "resume and overwrite exclude each other: set at most one")
     if cfg.lr_schedule not in SCHEDULES:
         fail("lr_schedule", f"lr_schedule={cfg.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
     if cfg.max_grad_norm is not None and cfg.max_grad_norm <= 0:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import signal
+import threading
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any
@@ -20,6 +23,7 @@ class ScoredRewards:
 
     total: list[float]
     per_function: dict[str, list[float | None]]
+    errors: int = 0  # values replaced by 0 (on_error="zero")
 
 
 @dataclass(frozen=True)
@@ -53,11 +57,39 @@ def _checked_value(name: str, index: int, value: Any) -> float | None:
     return float(value)
 
 
+@contextmanager
+def time_limit(seconds: float | None, what: str):
+    """Raise RewardError when the block runs longer than ``seconds`` (SIGALRM: only in the
+    main thread of the main interpreter; elsewhere the block runs unbounded)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise RewardError(f"{what} took longer than {seconds:g} s (reward_timeout_s)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class Scorer:
     """Weighted reward functions, given as ``(name_or_spec, weight)`` pairs (TRL's
     ``reward_funcs`` and ``reward_weights``); a spec may also be a callable."""
 
-    def __init__(self, specs: Sequence[tuple[str | RewardFunction, float]]) -> None:
+    def __init__(self, specs: Sequence[tuple[str | RewardFunction, float]],
+                 on_error: str = "raise", timeout_s: float | None = None) -> None:
+        """``on_error="zero"`` scores a failing function's values 0 and counts them instead of
+        raising; ``timeout_s`` bounds each function's call on a batch (main thread only)."""
+        if on_error not in ("raise", "zero"):
+            raise ConfigError(f"reward_errors must be raise or zero, got {on_error!r}")
+        self.on_error = on_error
+        self.timeout_s = timeout_s
+        self._bad_values = 0
         if not specs:
             raise ConfigError("at least one reward function is needed")
         self.rewards = [_resolve(spec, weight) for spec, weight in specs]
@@ -78,7 +110,10 @@ class Scorer:
         columns: dict[str, list[Any]],
     ) -> list[float | None]:
         try:
-            values = reward.function(prompts, completions, **columns)
+            with time_limit(self.timeout_s, f"reward function {reward.name!r}"):
+                values = reward.function(prompts, completions, **columns)
+        except RewardError:
+            raise
         except Exception as error:
             raise RewardError(
                 f"reward function {reward.name!r} raised {type(error).__name__}: {error}"
@@ -93,7 +128,17 @@ class Scorer:
                 f"reward function {reward.name!r} returned {len(values)} values for "
                 f"{len(completions)} completions"
             )
-        return [_checked_value(reward.name, i, value) for i, value in enumerate(values)]
+        return [self._value(reward.name, i, value) for i, value in enumerate(values)]
+
+    def _value(self, name: str, index: int, value: Any) -> float | None:
+        """A checked value; with on_error="zero" a bad one becomes 0 and is counted."""
+        try:
+            return _checked_value(name, index, value)
+        except RewardError:
+            if self.on_error == "raise":
+                raise
+            self._bad_values += 1
+            return 0.0
 
     def score(
         self, prompts: list[str], completions: list[Any], columns: dict[str, list[Any]]
@@ -106,11 +151,18 @@ class Scorer:
                 raise DataError(
                     f"column {column!r} has {len(values)} values for {len(completions)} samples"
                 )
-        per_function = {
-            reward.name: self._call(reward, prompts, completions, columns)
-            for reward in self.rewards
-        }
-        return ScoredRewards(self._totals(per_function, len(completions)), per_function)
+        per_function, errors = {}, 0
+        self._bad_values = 0
+        for reward in self.rewards:
+            try:
+                per_function[reward.name] = self._call(reward, prompts, completions, columns)
+            except RewardError:
+                if self.on_error == "raise":
+                    raise
+                per_function[reward.name] = [0.0] * len(completions)
+                errors += len(completions)
+        errors += self._bad_values
+        return ScoredRewards(self._totals(per_function, len(completions)), per_function, errors)
 
     def _totals(self, per_function: dict[str, list[float | None]], size: int) -> list[float]:
         totals: list[float] = []

@@ -64,6 +64,9 @@ METRICS: tuple[Metric, ...] = (
     # held-out evaluation (every eval_every steps)
     Metric("eval/accuracy", "fraction", "greedy pass@1 on the first eval_n held-out problems"),
     Metric("eval/mean_length", "tokens", "mean length of those greedy answers"),
+    # reliability guards
+    Metric("guard/skipped_steps", "steps", "cumulative steps whose update was skipped: loss or gradient not finite"),
+    Metric("reward/errors", "samples", "reward values replaced by 0 this step (reward_errors: zero)"),
     # optimisation
     Metric("grad/norm", "norm", "policy gradient norm before clipping"),
     Metric("lr", "1", "policy learning rate"),

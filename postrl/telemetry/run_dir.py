@@ -34,7 +34,8 @@ TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")
 
 # What `overwrite=True` removes: only what postrl itself writes into a run directory.
 # Anything else a user put there (notes, their own files) is left alone.
-RUN_OUTPUTS: tuple[str, ...] = (CONFIG_FILE, METRICS_FILE, SAMPLES_FILE, FINAL_DIR, *TRACKER_DIRS)
+RUN_OUTPUTS: tuple[str, ...] = (CONFIG_FILE, METRICS_FILE, SAMPLES_FILE, FINAL_DIR, *TRACKER_DIRS,
+                                 "checkpoints", "rollouts")
 
 
 class RunDir:
@@ -66,6 +67,19 @@ class RunDir:
             run.remove_outputs()
         run.path.mkdir(parents=True, exist_ok=True)
         return run
+
+    def truncate_after(self, step: int) -> None:
+        """Drop the metrics and samples of steps after ``step`` (logged after the checkpoint a
+        run resumes from), rewriting each file atomically; a cut-off last line goes too."""
+        for path in (self.metrics_path, self.samples_path):
+            if not path.exists():
+                continue
+            kept = [r for r in read_records(path) if int(r.get("step", 0)) <= step]
+            staging = path.with_name(path.name + ".tmp")
+            staging.unlink(missing_ok=True)
+            append_records(staging, kept)
+            staging.touch()
+            staging.replace(path)
 
     def remove_outputs(self) -> None:
         """Delete the files and folders postrl writes here (:data:`RUN_OUTPUTS`) only."""

@@ -27,6 +27,11 @@ class PromptSampler:
         random.Random(f"{self.seed}/{self.epoch}").shuffle(order)
         return order
 
+    def restore(self, epoch: int, position: int) -> None:
+        """Continue from a checkpoint: the same epoch's order, at the same position."""
+        self.epoch, self.position = epoch, position
+        self._order = self._shuffled()
+
     def take(self, count: int) -> list[Example]:
         batch = []
         for _ in range(count):

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from postrl.config import TrainConfig
+from postrl.errors import PostRLError
 from postrl.models import load_policy
 from postrl.models.logprobs import response_logprobs
 from postrl.models.policy import ReferencePolicy, ValueModel, apply_lora, causal_lm, save_policy
@@ -24,8 +25,13 @@ from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_s
 from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
 from postrl.train.evaluate import evaluate
 from postrl.train.metrics import step_metrics
+from postrl.train.resume import maybe_save, resume
 from postrl.train.sampling import Collected, Group, PromptSampler, collect
 from postrl.train.update import UpdateSettings, run_updates
+
+
+class TrainingError(PostRLError):
+    """Training cannot go on (e.g. non-finite updates again and again)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -41,9 +47,11 @@ class Trainer:
         self.loss_cfg = self.recipe.policy_loss_config(cfg.max_new_tokens)
         torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
         seed_everything(cfg.seed)
-        self.run = RunDir.create(cfg.run_dir(), overwrite=cfg.overwrite)
+        self.run = RunDir.create(cfg.run_dir(), overwrite=cfg.overwrite,
+                                 resume=cfg.resume != "no")
         self.task = load_task(cfg.task, **cfg.task_options)
-        self.scorer = Scorer(_reward_specs(cfg.rewards, self.task.default_rewards))
+        self.scorer = Scorer(_reward_specs(cfg.rewards, self.task.default_rewards),
+                             on_error=cfg.reward_errors, timeout_s=cfg.reward_timeout_s)
         self.verifier_name = self.task.default_rewards[0]
         self.verifier = load_reward(self.verifier_name)
         model, self.tokenizer = load_policy(cfg.model, seed=cfg.seed)
@@ -70,6 +78,10 @@ class Trainer:
         self.tokens_generated = 0
         self.tokens_wasted = 0
         self.responses = 0
+        self.skipped_steps = 0
+        self.skipped_in_a_row = 0
+        self.reward_errors = 0
+        self.resumed_from = resume(self) if cfg.resume != "no" else None
 
     # ---- schedule -------------------------------------------------------------------------
     def _lr_factor(self, step: int) -> float:
@@ -91,7 +103,8 @@ class Trainer:
     # ---- one step -------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
         """Train until ``steps`` or the token budget; save the final policy; last metrics."""
-        self.run.write_config(self.cfg.resolved())
+        if self.resumed_from is None:
+            self.run.write_config(self.cfg.resolved())
         metrics: dict[str, float] = {}
         sinks = MultiSink([JsonlSink(self.run.metrics_path),
                            *make_sinks(self.cfg.report_to, self.run.path)])
@@ -102,12 +115,15 @@ class Trainer:
                 metrics.update(self._maybe_evaluate())
                 sinks.log(self.step, metrics)
                 bar.update(self.step, metrics)
+                maybe_save(self)
+        maybe_save(self, final=True)
         save_policy(self.policy, self.tokenizer, self.run.final_dir)
         return metrics
 
     def train_step(self) -> dict[str, float]:
         timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
         started = time.perf_counter()
+        self.reward_errors = 0
         collected = collect(lambda r: self._generate_round(r, timings), self.cfg.prompts_per_step,
                             self.recipe.dynamic_sampling, self.recipe.max_sampling_rounds)
         self.tokens_generated += collected.tokens_generated
@@ -123,16 +139,33 @@ class Trainer:
             t = time.perf_counter()
             update_metrics = self._update(batch)
             timings["train"] = time.perf_counter() - t
+        self._guard(update_metrics.pop("guard/skipped_updates", 0.0) > 0, update_metrics)
         self.scheduler.step()
         self.step += 1
         metrics = step_metrics(self, collected, batch, update_metrics, timings,
                                time.perf_counter() - started)
+        metrics["guard/skipped_steps"] = self.skipped_steps
+        metrics["reward/errors"] = self.reward_errors
         self._log_samples(collected)
         every = self.cfg.save_rollouts_every
         if batch is not None and every and self.step % every == 0:
             save_rollout_batch(batch, self.run.path / "rollouts" / f"step_{self.step}.pt",
                                self.cfg.resolved())
         return metrics
+
+    def _guard(self, skipped: bool, update_metrics: dict[str, float]) -> None:
+        """Count steps whose update was skipped for a non-finite loss or gradient; abort
+        after ``max_skipped_steps`` in a row."""
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+        self.skipped_steps += int(skipped)
+        if self.skipped_in_a_row >= self.cfg.max_skipped_steps:
+            first = self.step + 2 - self.skipped_in_a_row
+            raise TrainingError(
+                f"the loss or gradient was not finite in {self.skipped_in_a_row} steps in a row "
+                f"(steps {first}-{self.step + 1}; last loss/total="
+                f"{update_metrics.get('loss/total')}); the updates were skipped and the weights "
+                "are unharmed. Lower lr, check the rewards for huge values, or raise "
+                "max_skipped_steps")
 
     def _maybe_evaluate(self) -> dict[str, float]:
         """Greedy pass@1 on the first ``eval_n`` held-out problems, every ``eval_every``."""
@@ -171,6 +204,7 @@ class Trainer:
         columns = {key: [e.columns.get(key) for e in examples for _ in range(g)]
                    for key in {k for e in examples for k in e.columns}}
         scored = self.scorer.score(row_prompts, rollouts.texts, columns)
+        self.reward_errors += scored.errors
         per_function = dict(scored.per_function)
         totals = list(scored.total)
         if self.recipe.overlong_penalty:  # DAPO eq. 13, added to the outcome reward

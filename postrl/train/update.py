@@ -3,6 +3,7 @@ micro-batches whose losses are normalised by the minibatch's GLOBAL counts (§3)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +45,8 @@ def average_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
     merged: dict[str, float] = {}
     for key in {k for r in rounds for k in r}:
         values = [r[key] for r in rounds if key in r]
-        reduce = min if key.endswith("/min") else max if key.endswith("/max") else None
+        reduce = (min if key.endswith("/min") else
+                  max if key.endswith("/max") or key.startswith("guard/") else None)
         merged[key] = reduce(values) if reduce else sum(values) / len(values)
     return merged
 
@@ -65,14 +67,17 @@ def run_updates(policy_lm, optimizer, batch: TrainBatch, recipe: Recipe, loss_cf
             optimizer.zero_grad(set_to_none=True)
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)
+            finite = True
             for micro in torch.split(rows, settings.micro_batch_size):
                 sequences = batch.sequences(micro, settings.pad_id)
                 width = sequences.input_ids.shape[1] - sequences.prompt_width
                 mask = batch.response_mask[micro, :width]
                 if settings.train_policy:
-                    diagnostics = diagnostics.merge(_policy_micro_step(
+                    micro_diagnostics, micro_finite = _policy_micro_step(
                         policy_lm, sequences, batch, micro, width, mask, loss_cfg, counts,
-                        settings.temperature, need_entropy_grad))
+                        settings.temperature, need_entropy_grad)
+                    diagnostics = diagnostics.merge(micro_diagnostics)
+                    finite &= micro_finite
                 if critic is not None:
                     value_terms.append(_critic_micro_step(critic, sequences, batch, micro, width,
                                                           mask, recipe, loss_cfg, counts))
@@ -81,26 +86,36 @@ def run_updates(policy_lm, optimizer, batch: TrainBatch, recipe: Recipe, loss_cf
                 max_norm = settings.max_grad_norm or float("inf")
                 norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
                 metrics["grad/norm"] = float(norm)
-                optimizer.step()
+                if finite and torch.isfinite(norm):
+                    optimizer.step()
+                else:  # guard: never let a NaN or inf reach the weights
+                    optimizer.zero_grad(set_to_none=True)
+                    metrics["guard/skipped_updates"] = 1.0
             if critic is not None:
                 metrics["loss/value"] = sum(v for v, _ in value_terms)
                 metrics["value/clip_frac"] = sum(c for _, c in value_terms)
-                critic_optimizer.step()
+                if math.isfinite(metrics["loss/value"]):
+                    critic_optimizer.step()
+                else:
+                    critic_optimizer.zero_grad(set_to_none=True)
+                    metrics["guard/skipped_updates"] = 1.0
             rounds.append(metrics)
     return average_rounds(rounds)
 
 
 def _policy_micro_step(policy_lm, sequences, batch: TrainBatch, micro: Tensor, width: int,
                        mask: Tensor, loss_cfg: PolicyLossConfig, counts: BatchCounts,
-                       temperature: float, need_entropy_grad: bool) -> Diagnostics:
+                       temperature: float, need_entropy_grad: bool) -> tuple[Diagnostics, bool]:
     logp, entropy = response_logprobs(policy_lm, sequences, temperature, with_entropy=True,
                                       entropy_grad=need_entropy_grad)
     old = batch.old_logp[micro, :width] if batch.old_logp is not None else logp.detach()
     ref = batch.ref_logp[micro, :width] if batch.ref_logp is not None else None
     out = policy_loss(PolicyLossInputs(logp, old, batch.advantages[micro, :width], mask, ref,
                                        entropy), loss_cfg, counts)
-    out.loss.backward()
-    return out.diagnostics
+    finite = bool(torch.isfinite(out.loss))
+    if finite:
+        out.loss.backward()
+    return out.diagnostics, finite
 
 
 def _critic_micro_step(critic, sequences, batch: TrainBatch, micro: Tensor, width: int,

@@ -1,0 +1,104 @@
+"""Checkpoints and exact resume: a run killed anywhere and resumed with resume=auto writes the
+same metrics.jsonl, line for line (wall-clock times aside), as a run never interrupted."""
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from postrl.config import load_config
+from postrl.errors import ConfigError
+from postrl.train.checkpoint import CheckpointError, is_valid, latest_valid, list_checkpoints
+from postrl.train.trainer import Trainer
+
+HERE = Path(__file__).parent
+REWARDS = HERE / "rewards_for_tests.py"
+CLOCK = ("time/", "throughput/")
+
+
+def options(out: Path, recipe: str, *extra: str) -> list[str]:
+    return [f"recipe={recipe}", "model=tiny", "task=arithmetic", "steps=4", "prompts_per_step=2",
+            "group_size=4", "max_new_tokens=8", f"out={out}", "lr=1e-3", "quiet=true",
+            "save_every=1", "keep_last=2", f"rewards=[{REWARDS}:length_parity]",
+            "micro_batch_size=3", "threads=1", *extra]
+
+
+def metrics_without_clock(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(CLOCK)} for r in rows]
+
+
+def kill_then_resume(out: Path, recipe: str, when: str, step: int, *extra: str) -> Trainer:
+    child = subprocess.run([sys.executable, str(HERE / "killable_run.py"), when, str(step),
+                            *options(out, recipe, *extra)], capture_output=True, text=True)
+    assert child.returncode == -9, child.stderr[-2000:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the half-written checkpoint is skipped with a warning
+        trainer = Trainer(load_config(None, options(out, recipe, *extra, "resume=auto")))
+    trainer.train()
+    return trainer
+
+
+CASES = [("grpo", "after_log", 2), ("grpo", "after_save", 1), ("grpo", "in_save", 3),
+         ("dapo", "after_log", 3), ("ppo", "in_save", 2)]
+
+
+@pytest.mark.parametrize("recipe, when, step", CASES, ids=[f"{r}-{w}-{s}" for r, w, s in CASES])
+def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path, recipe, when, step):
+    extra = (f"rewards=[{REWARDS}:parity_on_odd_answers]", "recipe_options.overlong_buffer=4"
+             ) if recipe == "dapo" else ()
+    Trainer(load_config(None, options(tmp_path / "whole", recipe, *extra))).train()
+    resumed = kill_then_resume(tmp_path / "resumed", recipe, when, step, *extra)
+    # it really continued from a checkpoint: the newest complete one before the kill
+    assert resumed.resumed_from == (step if when == "after_save" else step - 1)
+    expected = metrics_without_clock(tmp_path / "whole")
+    assert [r["step"] for r in expected] == [1, 2, 3, 4]
+    assert metrics_without_clock(tmp_path / "resumed") == expected
+
+
+def test_keep_last_and_manifest_checks(tmp_path):
+    Trainer(load_config(None, options(tmp_path / "run", "grpo"))).train()
+    root = tmp_path / "run" / "checkpoints"
+    assert [p.name for p in list_checkpoints(root)] == ["step_000003", "step_000004"]
+    assert all(is_valid(p)[0] for p in list_checkpoints(root))
+    (root / "step_000004" / "state.pt").write_bytes(b"corrupt")
+    with pytest.warns(UserWarning, match="step_000004: state.pt does not match its checksum"):
+        assert latest_valid(root).name == "step_000003"
+
+
+def test_resume_refuses_changed_options(tmp_path):
+    Trainer(load_config(None, options(tmp_path / "run", "grpo", "steps=2"))).train()
+    with pytest.raises(ConfigError, match=r"the run's options changed \(lr: 0.001 -> 0.002"):
+        Trainer(load_config(None, options(tmp_path / "run", "grpo", "resume=auto", "lr=2e-3")))
+
+
+def test_resume_extends_a_finished_run(tmp_path):
+    Trainer(load_config(None, options(tmp_path / "whole", "grpo"))).train()
+    Trainer(load_config(None, options(tmp_path / "parts", "grpo", "steps=2"))).train()
+    Trainer(load_config(None, options(tmp_path / "parts", "grpo", "resume=auto"))).train()
+    assert metrics_without_clock(tmp_path / "parts") == metrics_without_clock(tmp_path / "whole")
+
+
+def test_full_disk_while_saving_keeps_earlier_checkpoints(tmp_path, monkeypatch):
+    import errno
+
+    from postrl.train import checkpoint
+
+    trainer = Trainer(load_config(None, options(tmp_path / "run", "grpo", "steps=3")))
+    real_save = checkpoint.torch.save
+
+    def full_disk(obj, path):
+        if "step_000002" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(obj, path)
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    with pytest.raises(CheckpointError, match="step 2 .* the disk is full; earlier checkpoints "
+                                              "are intact"):
+        trainer.train()
+    root = tmp_path / "run" / "checkpoints"
+    assert [p.name for p in root.iterdir()] == ["step_000001"]
+    assert is_valid(root / "step_000001")[0]
