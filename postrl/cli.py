@@ -1,4 +1,4 @@
-"""The ``postrl`` command: train, eval, recipes, explain.
+"""The ``postrl`` command: train, eval, report, diagnose, recipes, explain.
 
 Errors a user can fix (``PostRLError``) are printed without a traceback.
 """
@@ -84,10 +84,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return run_eval(args)
 
 
+def _add_experiment_commands(sub) -> None:
+    """Commands of postrl.experiments, each defined next to what it runs."""
+    from postrl.experiments import diagnose, report
+
+    commands = [
+        ("report", "plots and tables of runs against generated tokens (HTML + Markdown)",
+         report.add_report_arguments, report.run_report),
+        ("diagnose", "findings from a run's metrics, with advice",
+         diagnose.add_diagnose_arguments, diagnose.run_diagnose),
+    ]
+    for name, help_text, add_arguments, run in commands:
+        parser = sub.add_parser(name, help=help_text)
+        add_arguments(parser)
+        parser.set_defaults(func=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from postrl.train.evaluate import add_eval_arguments
 
     parser = argparse.ArgumentParser(prog="postrl", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train a policy with a recipe",
                            description="Train with a YAML config and/or key=value overrides, "
@@ -102,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="pass@1 (greedy) and unbiased pass@k on a task")
     add_eval_arguments(evaluate)
     evaluate.set_defaults(func=cmd_eval)
+    _add_experiment_commands(sub)
     recipes = sub.add_parser("recipes", help="print the component table of every recipe")
     recipes.add_argument("--all", action="store_true", help="include the optional extras")
     recipes.add_argument("--markdown", action="store_true", help="print a Markdown table")
@@ -114,10 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # key=value overrides may come after flags: `train --steps 3 lr=1e-5`
+        if not hasattr(args, "overrides") or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     try:
         return args.func(args)
     except PostRLError as err:
+        if args.debug:
+            raise
         print(f"postrl: error: {err}", file=sys.stderr)
         return 2
 

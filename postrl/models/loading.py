@@ -12,6 +12,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -89,7 +90,8 @@ def resolve_model_dir(spec: str) -> Path:
 def load_tokenizer(spec: str):
     """The tokenizer of a model spec; ``tiny`` uses the real SmolLM2 tokenizer."""
     path = smollm2_dir() if spec == TINY else resolve_model_dir(spec)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    with _readable(path, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -111,5 +113,17 @@ def load_policy(spec: str, seed: int = 0, dtype: torch.dtype = torch.float32):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(tiny_config(len(tokenizer), tokenizer.eos_token_id)).to(dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(spec)), dtype=dtype)
+        path = resolve_model_dir(spec)
+        with _readable(path, "model"):
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model, tokenizer
+
+
+@contextmanager
+def _readable(path: Path, what: str):
+    """Turn transformers' errors for an unreadable directory into one naming it."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"could not load the {what} in {path}: {first_line}") from err

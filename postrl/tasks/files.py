@@ -104,11 +104,16 @@ def parse_gsm8k_answer(value: Any, location: str) -> str:
 def read_jsonl(path: Path) -> Iterator[Record]:
     """Records of a JSON Lines file; blank lines are skipped."""
     _check_file(path)
-    with path.open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
+    with path.open("rb") as lines:
+        for line_number, raw in enumerate(lines, start=1):
+            location = f"{path}:{line_number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(f"{location}: not valid UTF-8 text (byte {error.start} of the "
+                                "line); re-encode the file as UTF-8") from None
             if not line.strip():
                 continue
-            location = f"{path}:{line_number}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:

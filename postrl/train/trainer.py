@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from postrl.config import TrainConfig
-from postrl.errors import PostRLError
+from postrl.errors import DataError, PostRLError
 from postrl.models import load_policy
 from postrl.models.logprobs import response_logprobs
 from postrl.models.policy import ReferencePolicy, ValueModel, apply_lora, causal_lm, save_policy
@@ -194,8 +194,13 @@ class Trainer:
 
     def _prompt_ids(self, example_id: str, prompt: str) -> list[int]:
         if example_id not in self.prompt_cache:
-            self.prompt_cache[example_id] = self.tokenizer(
-                prompt, add_special_tokens=False).input_ids
+            ids = self.tokenizer(prompt, add_special_tokens=False).input_ids
+            context = getattr(self.lm.config, "max_position_embeddings", None)
+            if context and len(ids) + self.cfg.max_new_tokens > context:
+                raise DataError(f"{example_id}: the prompt has {len(ids)} tokens; with "
+                                f"max_new_tokens={self.cfg.max_new_tokens} it exceeds the "
+                                f"model's context of {context} tokens")
+            self.prompt_cache[example_id] = ids
         return self.prompt_cache[example_id]
 
     def _score(self, examples, prompts, rollouts) -> list[Group]:

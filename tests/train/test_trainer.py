@@ -173,3 +173,45 @@ def test_periodic_eval_and_saved_rollout_batches(tmp_path):
     assert config["resolved_recipe"]["name"] == "grpo"
     assert batch.advantages.shape == batch.response_ids.shape == batch.ref_logp.shape
     assert batch.rows == 8
+
+
+def test_non_finite_guard_skips_a_poisoned_step_and_training_continues(tmp_path):
+    trainer = Trainer(tiny_config(tmp_path, "grpo", "steps=4"))
+    prepare = trainer._prepare
+
+    def poisoned(batch):  # step 2's advantages are NaN
+        prepare(batch)
+        if trainer.step == 1:
+            batch.advantages = batch.advantages + float("nan")
+
+    trainer._prepare = poisoned
+    weights = []
+    update = trainer._update
+
+    def spy(batch):
+        out = update(batch)
+        weights.append(trainer.lm.model.embed_tokens.weight.detach().clone())
+        return out
+
+    trainer._update = spy
+    trainer.train()
+    rows = read_metrics(tmp_path / "grpo")
+    assert [r["guard/skipped_steps"] for r in rows] == [0, 1, 1, 1]
+    assert torch.equal(weights[0], weights[1])  # the poisoned update never happened
+    assert not torch.equal(weights[1], weights[2])  # and the next one did
+    assert all(torch.isfinite(p).all() for p in trainer.lm.parameters())
+
+
+def test_repeated_non_finite_steps_abort_with_a_clear_error(tmp_path):
+    from postrl.train.trainer import TrainingError
+
+    trainer = Trainer(tiny_config(tmp_path, "grpo", "steps=5", "max_skipped_steps=2"))
+    prepare = trainer._prepare
+
+    def always_poisoned(batch):
+        prepare(batch)
+        batch.advantages = batch.advantages + float("inf")
+
+    trainer._prepare = always_poisoned
+    with pytest.raises(TrainingError, match="not finite in 2 steps in a row"):
+        trainer.train()

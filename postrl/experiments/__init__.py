@@ -1,0 +1,1 @@
+"""Experiments: fair comparisons, component ladders, replays, reports and diagnosis."""
