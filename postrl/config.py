@@ -61,6 +61,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     max_grad_norm: float | None = 1.0
+    precision: str = "fp32"  # or "bf16": autocast matmuls, float32 master weights
     epochs: int = 1
     minibatches: int = 1
     micro_batch_size: int = 8
@@ -150,6 +151,8 @@ def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
         fail("top_p", f"top_p must be in (0, 1], got {cfg.top_p}")
     if cfg.token_budget is not None and cfg.token_budget <= 0:
         fail("token_budget", f"token_budget must be > 0 or null, got {cfg.token_budget}")
+    if cfg.precision not in ("fp32", "bf16"):
+        fail("precision", f"precision must be fp32 or bf16, got {cfg.precision!r}")
     if cfg.reward_errors not in ("raise", "zero"):
         fail("reward_errors", f"reward_errors must be raise or zero, got {cfg.reward_errors!r}")
     if cfg.reward_timeout_s is not None and cfg.reward_timeout_s <= 0:

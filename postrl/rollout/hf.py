@@ -12,13 +12,16 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from postrl.models.precision import autocast
 from postrl.rollout.base import Rollouts, SamplingParams
 from postrl.rollout.sampling import next_tokens
 
 
 class HFRolloutEngine:
-    def __init__(self, model, tokenizer, batch_size: int | None = None) -> None:
+    def __init__(self, model, tokenizer, batch_size: int | None = None,
+                 precision: str = "fp32") -> None:
         self.model = model
+        self.precision = precision
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -56,7 +59,8 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._sample(rows, params, generator)
+            with autocast(self.precision):
+                return self._sample(rows, params, generator)
         finally:
             self.model.train(was_training)
 

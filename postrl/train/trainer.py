@@ -17,6 +17,7 @@ from postrl.errors import DataError, PostRLError
 from postrl.models import load_policy
 from postrl.models.logprobs import response_logprobs
 from postrl.models.policy import ReferencePolicy, ValueModel, apply_lora, causal_lm, save_policy
+from postrl.models.precision import autocast
 from postrl.rewards import Scorer, load_reward, soft_overlong_penalty
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import select_rows
@@ -62,7 +63,8 @@ class Trainer:
         self.lm = causal_lm(model)
         self.reference = ReferencePolicy(model) if self.recipe.needs_reference else None
         self.critic = ValueModel(model) if self.recipe.critic else None
-        self.engine = HFRolloutEngine(self.lm, self.tokenizer, batch_size=None)
+        self.engine = HFRolloutEngine(self.lm, self.tokenizer, batch_size=None,
+                                      precision=cfg.precision)
         self.sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens,
                                        tuple(cfg.stop))
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
@@ -237,17 +239,11 @@ class Trainer:
         reward; reference log-probs only with a KL term; values only with a critic."""
         rows = torch.arange(batch.rows)
         kl_in_reward = self.recipe.needs_reference and self.recipe.kl_placement == "reward"
-        pad, temperature = self.engine.pad_id, self.cfg.temperature
-        chunk = self.cfg.micro_batch_size
         parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "values": []}
-        for micro in torch.split(rows, chunk):
-            sequences = batch.sequences(micro, pad)
-            if self.cfg.updates_per_batch > 1 or kl_in_reward:
-                parts["old"].append(response_logprobs(self.lm, sequences, temperature)[0])
-            if self.reference is not None:
-                parts["ref"].append(self.reference.logprobs(sequences, temperature, chunk))
-            if self.critic is not None:
-                parts["values"].append(self.critic.values(sequences))
+        for micro in torch.split(rows, self.cfg.micro_batch_size):
+            sequences = batch.sequences(micro, self.engine.pad_id)
+            with autocast(self.cfg.precision):
+                self._prepare_micro(sequences, parts, kl_in_reward)
         width = batch.response_ids.shape[1]
         stacked = {k: _cat_padded(v, width) for k, v in parts.items() if v}
         batch.old_logp = stacked.get("old") if self.cfg.updates_per_batch > 1 else None
@@ -256,11 +252,23 @@ class Trainer:
         batch.advantages, batch.returns = compute_advantages(
             self.recipe, batch, self.recipe.kl_coef if kl_in_reward else 0.0, stacked.get("old"))
 
+    def _prepare_micro(self, sequences, parts: dict[str, list[torch.Tensor]],
+                       kl_in_reward: bool) -> None:
+        temperature = self.cfg.temperature
+        if self.cfg.updates_per_batch > 1 or kl_in_reward:
+            parts["old"].append(response_logprobs(self.lm, sequences, temperature)[0])
+        if self.reference is not None:
+            parts["ref"].append(self.reference.logprobs(sequences, temperature,
+                                                        self.cfg.micro_batch_size))
+        if self.critic is not None:
+            parts["values"].append(self.critic.values(sequences))
+
     def _update(self, batch: TrainBatch) -> dict[str, float]:
         settings = UpdateSettings(
             epochs=self.cfg.epochs, minibatches=self.cfg.minibatches,
             micro_batch_size=self.cfg.micro_batch_size, temperature=self.cfg.temperature,
             max_grad_norm=self.cfg.max_grad_norm, pad_id=self.engine.pad_id,
+            precision=self.cfg.precision,
             train_policy=self.step >= self.cfg.critic_warmup_steps or self.critic is None)
         self.policy.train()
         # with LoRA, self.lm is the base model with the adapters injected (and active)

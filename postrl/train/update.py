@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from postrl.models.logprobs import response_logprobs
+from postrl.models.precision import autocast
 from postrl.objectives import (
     BatchCounts,
     Diagnostics,
@@ -32,6 +33,7 @@ class UpdateSettings:
     max_grad_norm: float | None
     pad_id: int
     train_policy: bool = True  # False during critic warm-up
+    precision: str = "fp32"
 
 
 def minibatch_rows(rows: int, minibatches: int, generator: torch.Generator) -> list[Tensor]:
@@ -73,14 +75,17 @@ def run_updates(policy_lm, optimizer, batch: TrainBatch, recipe: Recipe, loss_cf
                 width = sequences.input_ids.shape[1] - sequences.prompt_width
                 mask = batch.response_mask[micro, :width]
                 if settings.train_policy:
-                    micro_diagnostics, micro_finite = _policy_micro_step(
-                        policy_lm, sequences, batch, micro, width, mask, loss_cfg, counts,
-                        settings.temperature, need_entropy_grad)
+                    with autocast(settings.precision):
+                        micro_diagnostics, micro_finite = _policy_micro_step(
+                            policy_lm, sequences, batch, micro, width, mask, loss_cfg, counts,
+                            settings.temperature, need_entropy_grad)
                     diagnostics = diagnostics.merge(micro_diagnostics)
                     finite &= micro_finite
                 if critic is not None:
-                    value_terms.append(_critic_micro_step(critic, sequences, batch, micro, width,
-                                                          mask, recipe, loss_cfg, counts))
+                    with autocast(settings.precision):
+                        value_terms.append(_critic_micro_step(
+                            critic, sequences, batch, micro, width, mask, recipe, loss_cfg,
+                            counts))
             metrics = diagnostics.finish()
             if settings.train_policy:
                 max_norm = settings.max_grad_norm or float("inf")
