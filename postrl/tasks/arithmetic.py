@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from postrl.errors import ConfigError
-from postrl.tasks.base import Example
+from postrl.tasks.base import Example, FixedSplits
 
 T = TypeVar("T")
 
@@ -105,7 +105,7 @@ def operand_range(digits: int) -> range:
     return range(low, 10**digits)
 
 
-class ArithmeticTask:
+class ArithmeticTask(FixedSplits):
     """Two-operand integer arithmetic with exact integer answers (negative ones for ``-``)."""
 
     name = "arithmetic"
@@ -129,14 +129,6 @@ class ArithmeticTask:
         check_both_splits(self.name, train, test)
         self._train = tuple(seeded_shuffle(_examples(train, "arithmetic/train"), self.seed))
         self._test = tuple(_examples(test, "arithmetic/test"))
-
-    def train(self) -> Sequence[Example]:
-        """Training problems, shuffled by ``seed``."""
-        return self._train
-
-    def test(self) -> Sequence[Example]:
-        """Held-out problems, in a fixed order that does not depend on ``seed``."""
-        return self._test
 
     def _space(self) -> Iterable[tuple[str, int]]:
         """All (question, answer) pairs, or a fixed sample of them when there are too many."""

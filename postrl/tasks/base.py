@@ -22,6 +22,21 @@ class Example:
     columns: dict[str, Any] = field(default_factory=dict)
 
 
+class FixedSplits:
+    """Train and held-out examples computed once at construction (``_train``, ``_test``)."""
+
+    _train: tuple[Example, ...]
+    _test: tuple[Example, ...]
+
+    def train(self) -> Sequence[Example]:
+        """Training examples, shuffled by the task's ``seed``."""
+        return self._train
+
+    def test(self) -> Sequence[Example]:
+        """Held-out examples, in a fixed order that does not depend on ``seed``."""
+        return self._test
+
+
 class Task(Protocol):
     """A source of training and held-out examples with the rewards that verify them."""
 

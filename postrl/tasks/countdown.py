@@ -24,7 +24,7 @@ from postrl.tasks.arithmetic import (
     seeded_shuffle,
     split_by_hash,
 )
-from postrl.tasks.base import Example
+from postrl.tasks.base import Example, FixedSplits
 
 QUESTION_TEMPLATE = (
     "Using the numbers {numbers}, each exactly once, with + - * / and parentheses, "
@@ -98,7 +98,7 @@ def _strip_outer(text: str) -> str:
     return text[1:-1] if text.startswith("(") else text
 
 
-class CountdownTask:
+class CountdownTask(FixedSplits):
     """Countdown puzzles with columns ``numbers`` (list[int]), ``target`` (int), ``solution``."""
 
     name = "countdown"
@@ -125,13 +125,6 @@ class CountdownTask:
         self._train = tuple(seeded_shuffle(_examples(train, "countdown/train"), self.seed))
         self._test = tuple(_examples(test, "countdown/test"))
 
-    def train(self) -> Sequence[Example]:
-        """Training puzzles, shuffled by ``seed``."""
-        return self._train
-
-    def test(self) -> Sequence[Example]:
-        """Held-out puzzles, in a fixed order that does not depend on ``seed``."""
-        return self._test
 
     def _generate(self) -> list[Puzzle]:
         """Up to ``num_problems`` distinct puzzles from a stream fixed by the options."""
