@@ -53,7 +53,7 @@ def run_postrl(steps: int, precision: str) -> dict:
         "model=smollm2-135m-instruct", "recipe=dr_grpo", "task=arithmetic", f"lr={LR}",
         f"prompts_per_step={PROMPTS}", f"group_size={GROUP}", f"max_new_tokens={MAX_NEW}",
         f"precision={precision}", f"out={tempfile.mkdtemp()}/run", "quiet=true",
-        f"steps={steps + 1}", "micro_batch_size=32"])
+        f"steps={steps + 1}", "micro_batch_size=8"])
     trainer = Trainer(cfg)
     rows = [trainer.train_step() for _ in range(steps + 1)][1:]
     return {"step_s": [r["time/step_s"] for r in rows],
