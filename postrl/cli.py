@@ -1,4 +1,6 @@
-"""The ``postrl`` command: train, eval, report, diagnose, recipes, explain.
+"""The ``postrl`` command.
+
+Subcommands: train, eval, compare, ladder, replay, report, diagnose, recipes, explain.
 
 Errors a user can fix (``PostRLError``) are printed without a traceback.
 """
@@ -11,6 +13,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from postrl.cliargs import accept_intermixed
 from postrl.components import COMPONENTS, TABLE_COLUMNS, differing, markdown_table, summary_row
 from postrl.errors import PostRLError
 from postrl.recipes import CORE, PRESETS, get_recipe
@@ -86,9 +89,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _add_experiment_commands(sub) -> None:
     """Commands of postrl.experiments, each defined next to what it runs."""
-    from postrl.experiments import diagnose, report
+    from postrl.experiments import compare, diagnose, ladder, replay, report
 
     commands = [
+        ("compare", "train recipes x seeds under one schedule and token budget, then report",
+         compare.add_compare_arguments, compare.run_compare),
+        ("ladder", "turn one recipe into another one component at a time, and compare the rungs",
+         ladder.add_ladder_arguments, ladder.run_ladder),
+        ("replay", "several recipes' losses and gradients on one frozen rollout batch",
+         replay.add_replay_arguments, replay.run_replay),
         ("report", "plots and tables of runs against generated tokens (HTML + Markdown)",
          report.add_report_arguments, report.run_report),
         ("diagnose", "findings from a run's metrics, with advice",
@@ -103,7 +112,8 @@ def _add_experiment_commands(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from postrl.train.evaluate import add_eval_arguments
 
-    parser = argparse.ArgumentParser(prog="postrl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="postrl", description="RL post-training of language models as recipes of components")
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         train.add_argument(f"--{key}", help=f"same as {key}=VALUE")
     train.add_argument("overrides", nargs="*", metavar="key=value",
                        help="any TrainConfig option; dotted for groups (lora.r=8)")
+    accept_intermixed(train)  # `train --steps 3 lr=1e-5`: overrides may follow flags
     train.set_defaults(func=cmd_train)
     evaluate = sub.add_parser("eval", help="pass@1 (greedy) and unbiased pass@k on a task")
     add_eval_arguments(evaluate)
@@ -133,12 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # key=value overrides may come after flags: `train --steps 3 lr=1e-5`
-        if not hasattr(args, "overrides") or any(e.startswith("-") for e in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides = [*args.overrides, *extra]
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except PostRLError as err:

@@ -1,0 +1,298 @@
+"""``postrl compare``: every recipe x seed on the same model, prompts, sampling, verifier and
+generated-token budget, one run directory each, then a report.
+
+Each run's config is the same base (``--config`` file + ``key=value`` overrides) with only the
+recipe, the seed and the output directory changed. :func:`check_fair` refuses anything else
+before a single step is trained; prompt order and sampling seeds come from the trainer's
+seeded prompt sampler, so the runs of one seed see the same prompts whatever the recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from postrl.cliargs import accept_intermixed
+from postrl.components import differing
+from postrl.config import TrainConfig, load_config, validate
+from postrl.errors import ConfigError
+from postrl.experiments.fairness import check_fair, warn_indistinguishable
+from postrl.recipes import Recipe, get_recipe
+
+RECIPE_OPTIONS = frozenset(f.name for f in dataclasses.fields(Recipe)) - {"name"}
+CONFIG_OPTIONS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
+UNBOUNDED_STEPS = 1_000_000  # steps when only a token budget stops the runs
+SUMMARY_METRICS = ("reward/mean", "accuracy/mean", "eval/accuracy")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One compared recipe: a preset, component overrides, and (unfair unless varied on
+    purpose) overrides of the shared config."""
+
+    label: str  # its run directories are DIR/<label>/s<seed>
+    preset: str
+    recipe_options: dict[str, Any] = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()  # key=value, as on the command line
+
+
+@dataclass
+class PlannedRun:
+    spec: RunSpec
+    seed: int
+    config: TrainConfig
+
+
+def _safe_label(text: str) -> str:
+    return re.sub(r"[^\w.=+-]", "_", text.replace(":", "+").replace(",", "+"))
+
+
+def parse_recipe_spec(text: str) -> RunSpec:
+    """``NAME`` or ``NAME:key=value,key=value``: recipe options go to ``recipe_options``, any
+    other TrainConfig key overrides the shared config (which :func:`check_fair` refuses unless
+    it is varied on purpose)."""
+    name, _, rest = text.partition(":")
+    get_recipe(name)  # a clear error for an unknown preset
+    overrides = []
+    for item in re.split(r",(?=[A-Za-z_][\w.]*=)", rest) if rest else []:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"recipe {text!r}: {item!r} is not key=value")
+        if key in RECIPE_OPTIONS:
+            overrides.append(f"recipe_options.{key}={value}")
+        elif key.split(".")[0] in CONFIG_OPTIONS - {"recipe", "seed", "out"}:
+            overrides.append(f"{key}={value}")
+        else:
+            raise ConfigError(f"recipe {text!r}: {key!r} is neither a recipe option nor a "
+                              "shared config option (recipe, seed and out are set by compare)")
+    return RunSpec(label=_safe_label(text), preset=name, overrides=tuple(overrides))
+
+
+def unique_labels(specs: list[RunSpec]) -> list[RunSpec]:
+    """The same recipe given twice (a noise-floor check) gets ``-2``, ``-3``... labels."""
+    seen: dict[str, int] = {}
+    specs = list(specs)
+    for index, spec in enumerate(specs):
+        seen[spec.label] = count = seen.get(spec.label, 0) + 1
+        if count > 1:
+            specs[index] = dataclasses.replace(spec, label=f"{spec.label}-{count}")
+    return specs
+
+
+def _sets_option(key: str, config_file: str | None, overrides: Sequence[str]) -> bool:
+    """Whether the user set ``key`` in the config file or an override."""
+    data = yaml.safe_load(Path(config_file).read_text()) if config_file else None
+    return (isinstance(data, dict) and key in data) or any(
+        o.partition("=")[0].strip() == key for o in overrides)
+
+
+def plan_runs(specs: list[RunSpec], config_file: str | None, overrides: Sequence[str],
+              seeds: int, token_budget: int | None, out: Path) -> list[PlannedRun]:
+    """One validated TrainConfig per recipe x seed, from the same base."""
+    base = load_config(config_file, list(overrides))
+    budget = token_budget if token_budget is not None else base.token_budget
+    unbounded = budget is not None and not _sets_option("steps", config_file, overrides)
+    planned = []
+    for spec in specs:
+        for seed in range(base.seed, base.seed + seeds):
+            cfg = load_config(config_file, [*overrides, f"recipe={spec.preset}", *spec.overrides])
+            cfg.recipe_options = {**cfg.recipe_options, **spec.recipe_options}
+            if spec.label != spec.preset:  # the resolved recipe (and the report) use the label
+                cfg.recipe_options["name"] = spec.label
+            cfg.seed, cfg.out, cfg.token_budget = seed, str(out / spec.label / f"s{seed}"), budget
+            if unbounded:
+                cfg.steps = UNBOUNDED_STEPS
+            validate(cfg, {})
+            planned.append(PlannedRun(spec, seed, cfg))
+    return planned
+
+
+def check_run_dirs_free(planned: list[PlannedRun]) -> None:
+    """Refuse, before any training, run directories that hold an earlier run."""
+    taken = [str(p.config.run_dir()) for p in planned
+             if (p.config.run_dir() / "metrics.jsonl").exists() and not p.config.overwrite
+             and getattr(p.config, "resume", "no") == "no"]
+    if taken:
+        raise ConfigError("these run directories already hold runs: " + ", ".join(taken)
+                          + "; choose another --out, or pass overwrite=true (or resume=auto)")
+
+
+def labelled_recipes(planned: list[PlannedRun]) -> list[Recipe]:
+    """Each compared recipe once, named by its label."""
+    recipes: dict[str, Recipe] = {}
+    for run in planned:
+        if run.spec.label not in recipes:
+            recipes[run.spec.label] = run.config.build_recipe().with_(name=run.spec.label)
+    return list(recipes.values())
+
+
+def describe_plan(planned: list[PlannedRun]) -> list[str]:
+    """What will run: each recipe's components that differ from the first recipe's."""
+    recipes = labelled_recipes(planned)
+    seeds = sorted({run.seed for run in planned})
+    cfg = planned[0].config
+    stop = (f"token budget {cfg.token_budget}" if cfg.token_budget is not None
+            else f"{cfg.steps} steps")
+    lines = [f"{len(recipes)} recipes x {len(seeds)} seeds {seeds}, model {cfg.model}, "
+             f"task {cfg.task}, {cfg.prompts_per_step} prompts x {cfg.group_size} samples per "
+             f"step, max_new_tokens {cfg.max_new_tokens}, stop at {stop}"]
+    for recipe in recipes:
+        changes = differing(recipes[0], recipe)
+        what = "; ".join(f"{c.title}: {c.describe(recipe)}" for c in changes)
+        lines.append(f"  {recipe.name}: " + (what if recipe is not recipes[0] else "baseline"))
+    return lines
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain aligned text table (pasteable into Markdown code blocks)."""
+    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in cells]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def summarize(planned: list[PlannedRun]) -> str:
+    """Per recipe, over seeds: steps, generated tokens and the last step's metrics."""
+    rows = []
+    for label in dict.fromkeys(run.spec.label for run in planned):
+        finals = [_last_metrics(run.config.run_dir()) for run in planned if run.spec.label == label]
+        row: list[Any] = [label, len(finals)]
+        for key in ("step", "rollout/tokens_generated", *SUMMARY_METRICS):
+            values = [f[key] for f in finals if f.get(key) is not None]
+            row.append(sum(values) / len(values) if values else None)
+        rows.append(row)
+    headers = ("recipe", "seeds", "steps", "tokens", *(f"{k} (last)" for k in SUMMARY_METRICS))
+    return format_table(headers, rows)
+
+
+def _last_metrics(run_dir: Path) -> dict[str, Any]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1]) if lines else {}
+
+
+def write_comparison_report(run_dirs: list[Path], out: Path) -> tuple[Path, Path] | None:
+    """``report.html`` / ``report.md`` through ``postrl.experiments.report`` (imported late)."""
+    try:
+        from postrl.experiments.report import write_report
+    except ModuleNotFoundError as err:
+        if err.name != "postrl.experiments.report":
+            raise
+        print("report skipped: postrl.experiments.report is not available")
+        return None
+    return write_report(run_dirs, out)
+
+
+def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
+    """Plan, check fairness, warn, train every run, summarise and report."""
+    from postrl.train.trainer import Trainer
+
+    check_arguments(args)
+    specs = unique_labels(specs)
+    out = Path(args.out or f"runs/{args.command_name}-" + "-".join(s.label for s in specs)[:80])
+    planned = plan_runs(specs, args.config, args.overrides, args.seeds, args.token_budget, out)
+    check_fair([run.config.resolved() for run in planned], set(args.vary or ()))
+    check_run_dirs_free(planned)
+    print("\n".join(describe_plan(planned)))
+    warnings = warn_indistinguishable(labelled_recipes(planned),
+                                      planned[0].config.updates_per_batch)
+    if planned[0].config.token_budget is None:
+        warnings.append("no token budget: runs stop on steps, so a recipe that generates more "
+                        "per step (longer answers, dynamic sampling) also spends more tokens; "
+                        "pass --token-budget")
+    for warning in warnings:
+        print(f"warning: {warning}")
+    if args.dry_run:
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {"command": args.command_name, "vary": list(args.vary or ()), "warnings": warnings,
+                "runs": [{"label": r.spec.label, "seed": r.seed, "dir": r.config.out}
+                         for r in planned]}
+    (out / "comparison.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    for index, run in enumerate(planned, 1):
+        print(f"[{index}/{len(planned)}] {run.spec.label} seed {run.seed} -> {run.config.out}",
+              flush=True)
+        Trainer(run.config).train()
+        gc.collect()  # free the finished run's model, optimizer and reference before the next
+    print(summarize(planned))
+    written = write_comparison_report([run.config.run_dir() for run in planned], out)
+    if written:
+        print("report: " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags ``compare`` and ``ladder`` share."""
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="seeds per recipe, starting at the config's seed (default 3)")
+    parser.add_argument("--token-budget", type=int, default=None, metavar="N",
+                        help="generated tokens per run; steps stays an upper bound (set large "
+                             "unless you give steps=)")
+    parser.add_argument("--out", help="directory of the runs and the report "
+                                      "(default runs/<command>-<recipes>)")
+    parser.add_argument("--config", help="YAML file of TrainConfig options shared by every run")
+    parser.add_argument("--vary", action="append", metavar="FIELD",
+                        help="a config field allowed to differ between runs (repeatable)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check fairness and print the plan and warnings; train nothing")
+    parser.add_argument("overrides", nargs="*", default=[], metavar="key=value",
+                        help="TrainConfig options shared by every run")
+    accept_intermixed(parser)
+
+
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    """``postrl compare RECIPE... [flags] [key=value ...]``."""
+    parser.add_argument("recipes", nargs="+", metavar="RECIPE",
+                        help="a preset, optionally with component overrides: "
+                             "dapo:clip_high=0.3,overlong_buffer=8")
+    add_common_arguments(parser)
+    parser.set_defaults(command_name="compare")
+
+
+def split_positionals(args: argparse.Namespace) -> None:
+    """argparse cannot tell ``RECIPE...`` from ``key=value...``: items with ``=`` before any
+    ``:`` are overrides."""
+    items = [*args.recipes, *args.overrides]
+    args.recipes = [i for i in items if not _is_override(i)]
+    args.overrides = [i for i in items if _is_override(i)]
+
+
+def _is_override(item: str) -> bool:
+    return "=" in item and ("=" in item.split(":")[0])
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """ConfigError for a flag value no run could use."""
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.token_budget is not None and args.token_budget < 1:
+        raise ConfigError(f"--token-budget must be >= 1, got {args.token_budget}")
+    for name in args.vary or ():
+        if name.split(".")[0] not in CONFIG_OPTIONS:
+            raise ConfigError(f"--vary {name}: not a TrainConfig option")
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """Entry point of ``postrl compare``."""
+    split_positionals(args)
+    if not args.recipes:
+        raise ConfigError("compare needs at least one RECIPE")
+    return run_comparison([parse_recipe_spec(r) for r in args.recipes], args)

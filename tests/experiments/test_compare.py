@@ -1,0 +1,204 @@
+"""``postrl compare``: fairness checks, inert-component warnings, budgets and shared prompts."""
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from postrl.config import load_config
+from postrl.errors import ConfigError
+from postrl.experiments import compare as compare_module
+from postrl.experiments.compare import (
+    UNBOUNDED_STEPS,
+    add_compare_arguments,
+    parse_recipe_spec,
+    run_compare,
+)
+from postrl.experiments.fairness import (
+    ON_POLICY_PER_RESPONSE_EQUIVALENT,
+    ON_POLICY_TOKEN_EQUIVALENT,
+    check_fair,
+    warn_indistinguishable,
+)
+from postrl.objectives import BatchCounts, PolicyLossConfig, PolicyLossInputs, policy_loss
+from postrl.objectives import advantages as adv
+from postrl.recipes import get_recipe
+
+REWARDS = str(Path(__file__).parents[1] / "train" / "rewards_for_tests.py")
+TINY = ["model=tiny", "prompts_per_step=2", "group_size=4", "max_new_tokens=8", "quiet=true",
+        "log_samples=8", f"rewards=[{REWARDS}:length_parity]", "recipe_options.overlong_buffer=4"]
+
+
+def compare_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_compare_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def resolved(*overrides: str) -> dict:
+    return load_config(None, list(overrides)).resolved()
+
+
+# ---- fairness ---------------------------------------------------------------------------------
+
+def test_check_fair_accepts_recipe_and_bookkeeping_differences():
+    check_fair([resolved("recipe=grpo", "seed=0", "out=a/grpo/s0"),
+                resolved("recipe=dapo", "recipe_options.clip_high=0.3", "seed=1", "out=a/dapo/s1",
+                         "quiet=true", "report_to=[tensorboard]")])
+
+
+def test_check_fair_names_each_differing_field_and_its_values():
+    with pytest.raises(ConfigError) as err:
+        check_fair([resolved("out=c/grpo/s0"), resolved("lr=1e-4", "lora.r=8", "out=c/dapo/s0")])
+    message = str(err.value)
+    assert "lr: 1e-06 in grpo/s0; 0.0001 in dapo/s0" in message
+    assert "lora.r: 0 in grpo/s0; 8 in dapo/s0" in message
+    assert "--vary lora.r --vary lr" in message
+
+
+def test_check_fair_allows_fields_varied_on_purpose():
+    configs = [resolved(), resolved("lr=1e-4", "lora.r=8")]
+    check_fair(configs, vary={"lr", "lora"})
+    with pytest.raises(ConfigError, match="lora.r"):
+        check_fair(configs, vary={"lr"})
+
+
+# ---- inert components -------------------------------------------------------------------------
+
+def test_token_vs_sequence_ratio_warns_with_one_update_per_batch():
+    token = get_recipe("dr_grpo")
+    sequence = token.with_(name="dr_grpo_seq", ratio="sequence", clip_low=3e-4, clip_high=4e-4)
+    warnings = warn_indistinguishable([token, sequence], updates_per_batch=1)
+    assert len(warnings) == 1
+    assert "dr_grpo, dr_grpo_seq differ only in ratio, clip" in warnings[0]
+
+
+def test_token_vs_sequence_ratio_does_not_warn_with_four_minibatches():
+    token = get_recipe("dr_grpo")
+    sequence = token.with_(ratio="sequence")
+    assert warn_indistinguishable([token, sequence], updates_per_batch=4) == []
+
+
+def test_entropy_guided_hybrid_changes_the_gradient_on_policy_so_no_warning():
+    token = get_recipe("dhpo").with_(ratio="token", name="token")
+    entropy = get_recipe("dhpo").with_(hybrid_mixing="entropy", name="entropy")
+    warnings = warn_indistinguishable([token, entropy], updates_per_batch=1)
+    assert [w.split(" ")[0] for w in warnings] == ["clip"]  # the clip ranges are inert, the
+    averaged = get_recipe("dhpo").with_(name="averaged")  # ratio unit is not; averaged mixing is
+    assert "differ only in ratio, clip" in warn_indistinguishable([token, averaged], 1)[0]
+
+
+def test_sequence_ratio_with_per_token_advantages_is_not_inert():
+    token = get_recipe("reinforce_pp")
+    assert warn_indistinguishable([token, token.with_(ratio="sequence")], 1) == []
+    assert len(warn_indistinguishable([token, token.with_(ratio="sequence_token")], 1)) == 1
+
+
+def test_dual_clip_and_identical_components_warn_and_partly_inert_differences_are_noted():
+    grpo = get_recipe("grpo")
+    assert "dual-clip" in warn_indistinguishable([grpo, grpo.with_(dual_clip=3.0)], 1)[0]
+    assert "identical components" in warn_indistinguishable([grpo, grpo.with_(name="g2")], 4)[0]
+    notes = warn_indistinguishable([grpo, get_recipe("gspo")], 1)
+    assert len(notes) == 2 and all("inert" in n for n in notes)  # ratio and clip; KL differs
+
+
+def _on_policy_grad(ratio: str, advantages, logp, mask, entropy, aggregation: str):
+    leaf = logp.clone().requires_grad_(True)
+    cfg = PolicyLossConfig(ratio=ratio, aggregation=aggregation, norm_constant=7.0,
+                           clip_low=0.2 if ratio != "geometric" else 0.4, clip_high=0.28)
+    policy_loss(PolicyLossInputs(leaf, leaf.detach(), advantages, mask, entropy=entropy), cfg,
+                BatchCounts.of(mask)).loss.backward()
+    return leaf.grad
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_the_units_called_equivalent_on_policy_have_the_token_gradient(aggregation):
+    """The claims warn_indistinguishable relies on, checked on the loss itself."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 8, (6,), generator=gen)
+    mask = (torch.arange(7) < lengths.unsqueeze(1)).double()
+    logp = -torch.rand(6, 7, generator=gen, dtype=torch.float64) * 3
+    entropy = torch.rand(6, 7, generator=gen, dtype=torch.float64)
+    per_response = adv.group(torch.tensor([0.0, 1, 1, 0, 1, 1], dtype=torch.float64), 3)
+    per_token = torch.randn(6, 7, generator=gen, dtype=torch.float64) * mask
+    for advantages, units in ((per_response, ON_POLICY_TOKEN_EQUIVALENT
+                               | ON_POLICY_PER_RESPONSE_EQUIVALENT),
+                              (per_token, ON_POLICY_TOKEN_EQUIVALENT)):
+        token = _on_policy_grad("token", advantages, logp, mask, entropy, aggregation)
+        for unit in units:
+            grad = _on_policy_grad(unit, advantages, logp, mask, entropy, aggregation)
+            torch.testing.assert_close(grad, token, rtol=0, atol=1e-12, msg=unit)
+    sequence = _on_policy_grad("sequence", per_token, logp, mask, entropy, aggregation)
+    token = _on_policy_grad("token", per_token, logp, mask, entropy, aggregation)
+    assert not torch.allclose(sequence, token)
+
+
+# ---- parsing ----------------------------------------------------------------------------------
+
+def test_recipe_spec_splits_components_from_shared_options():
+    spec = parse_recipe_spec("dapo:clip_high=0.3,max_new_tokens=16,stop=[a,b]")
+    assert spec.preset == "dapo" and spec.label == "dapo+clip_high=0.3+max_new_tokens=16+stop=_a+b_"
+    assert spec.overrides == ("recipe_options.clip_high=0.3", "max_new_tokens=16", "stop=[a,b]")
+    with pytest.raises(ConfigError, match="'clip_hi' is neither"):
+        parse_recipe_spec("dapo:clip_hi=0.3")
+    with pytest.raises(ConfigError, match="unknown recipe"):
+        parse_recipe_spec("dappo")
+
+
+# ---- end to end on the tiny model -------------------------------------------------------------
+
+def test_unfair_comparison_is_refused_before_training(tmp_path, monkeypatch):
+    def no_training(cfg):
+        raise AssertionError("trained before the fairness check")
+
+    monkeypatch.setattr("postrl.train.trainer.Trainer", no_training)
+    args = compare_args("grpo", "dapo:max_new_tokens=16", "--seeds", "2", "--out",
+                        str(tmp_path / "cmp"), *TINY)
+    with pytest.raises(ConfigError, match=r"max_new_tokens: 8 in grpo/s0, grpo/s1; 16 in"):
+        run_compare(args)
+    assert not (tmp_path / "cmp").exists()
+    args = compare_args("grpo", "dapo:max_new_tokens=16", "--vary", "max_new_tokens",
+                        "--dry-run", "--out", str(tmp_path / "cmp"), *TINY)
+    assert run_compare(args) == 0
+
+
+def _first_step_prompts(run: Path) -> list[str]:
+    rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    return [r["prompt"] for r in rows if r["step"] == 1]
+
+
+def test_compare_respects_the_token_budget_and_shares_prompts_per_seed(tmp_path, monkeypatch,
+                                                                       capsys):
+    try:
+        from postrl.experiments.report import write_report  # noqa: F401
+        reported = True
+    except ImportError:  # the report is another issue's; skip that step until it exists
+        monkeypatch.setattr(compare_module, "write_comparison_report", lambda runs, out: None)
+        reported = False
+    budget = 150
+    out = tmp_path / "cmp"
+    args = compare_args("grpo", "dapo", "--seeds", "2", "--token-budget", str(budget), "--out",
+                        str(out), *TINY)
+    assert run_compare(args) == 0
+    printed = capsys.readouterr().out
+    assert "2 recipes x 2 seeds [0, 1]" in printed
+    prompts = {}
+    for label in ("grpo", "dapo"):
+        for seed in (0, 1):
+            run = out / label / f"s{seed}"
+            rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+            totals = [0] + [r["rollout/tokens_generated"] for r in rows]
+            last_step = totals[-1] - totals[-2]
+            assert totals[-2] < budget <= totals[-1] <= budget + last_step
+            saved = (run / "config.yaml").read_text()
+            assert f"token_budget: {budget}" in saved and f"steps: {UNBOUNDED_STEPS}" in saved
+            prompts[label, seed] = _first_step_prompts(run)
+            assert len(prompts[label, seed]) == 8
+    for seed in (0, 1):
+        assert prompts["grpo", seed] == prompts["dapo", seed]
+    assert prompts["grpo", 0] != prompts["grpo", 1]
+    manifest = json.loads((out / "comparison.json").read_text())
+    assert [r["label"] for r in manifest["runs"]] == ["grpo", "grpo", "dapo", "dapo"]
+    assert (out / "report.html").is_file() or not reported
