@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from postrl.errors import ConfigError
@@ -68,6 +70,13 @@ class RolloutEngine(Protocol):
     def generate(
         self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, seed: int
     ) -> Rollouts: ...
+
+
+def cat_right_padded(parts: list[Tensor], fill=0, width: int | None = None) -> Tensor:
+    """Stack ``[n_i, T_i]`` row blocks into one ``[sum n_i, width]`` tensor, right-padding each
+    with ``fill`` (``width`` defaults to the widest block)."""
+    width = max(p.shape[1] for p in parts) if width is None else width
+    return torch.cat([F.pad(p, (0, width - p.shape[1]), value=fill) for p in parts])
 
 
 def select_rows(rollouts: Rollouts, start: int, stop: int) -> Rollouts:

@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from postrl.models.precision import autocast
-from postrl.rollout.base import Rollouts, SamplingParams
+from postrl.rollout.base import Rollouts, SamplingParams, cat_right_padded
 from postrl.rollout.sampling import next_tokens
 
 
@@ -43,13 +43,8 @@ class HFRolloutEngine:
         chunk = max((self.batch_size or len(rows)) // group_size, 1)  # prompts per chunk
         parts = [self._generate_rows(prompts[i : i + chunk], group_size, params, generator)
                  for i in range(0, len(prompts), chunk)]
-        width = max(p[0].shape[1] for p in parts)
-
-        def cat(index: int, fill) -> torch.Tensor:
-            return torch.cat([torch.nn.functional.pad(p[index], (0, width - p[index].shape[1]),
-                                                      value=fill) for p in parts])
-
-        response_ids, mask, logprobs = cat(0, self.pad_id), cat(1, False), cat(2, 0.0)
+        response_ids, mask, logprobs = (cat_right_padded([p[i] for p in parts], fill)
+                                        for i, fill in enumerate((self.pad_id, False, 0.0)))
         reasons = [r for p in parts for r in p[3]]
         lengths = mask.sum(dim=1)
         generated = [ids[:n].tolist() for ids, n in zip(response_ids, lengths, strict=True)]

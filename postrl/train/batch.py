@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from postrl.models.logprobs import SequenceBatch
 from postrl.objectives import advantages as adv
 from postrl.objectives import kl_penalty
 from postrl.recipes import Recipe
+from postrl.rollout.base import cat_right_padded
 from postrl.train.sampling import Group
 
 
@@ -50,11 +50,8 @@ class TrainBatch:
 
 def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
     """Concatenate groups; with overlong filtering (DAPO §3.4) truncated rows get mask 0."""
-    width = max(g.rollouts.response_ids.shape[1] for g in groups)
-
     def cat(name: str, fill) -> Tensor:
-        parts = [getattr(g.rollouts, name) for g in groups]
-        return torch.cat([F.pad(p, (0, width - p.shape[1]), value=fill) for p in parts])
+        return cat_right_padded([getattr(g.rollouts, name) for g in groups], fill)
 
     truncated = torch.tensor([r == "length" for g in groups for r in g.rollouts.finish_reasons])
     mask = cat("response_mask", False)

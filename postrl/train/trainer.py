@@ -20,7 +20,7 @@ from postrl.models.policy import ReferencePolicy, ValueModel, apply_lora, causal
 from postrl.models.precision import autocast
 from postrl.rewards import Scorer, load_reward, soft_overlong_penalty
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.rollout.base import select_rows
+from postrl.rollout.base import cat_right_padded, select_rows
 from postrl.tasks import build_prompt, load_task
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
 from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
@@ -245,7 +245,7 @@ class Trainer:
             with autocast(self.cfg.precision):
                 self._prepare_micro(sequences, parts, kl_in_reward)
         width = batch.response_ids.shape[1]
-        stacked = {k: _cat_padded(v, width) for k, v in parts.items() if v}
+        stacked = {k: cat_right_padded(v, width=width) for k, v in parts.items() if v}
         batch.old_logp = stacked.get("old") if self.cfg.updates_per_batch > 1 else None
         batch.ref_logp = stacked.get("ref")
         batch.old_values = stacked.get("values")
@@ -288,10 +288,6 @@ class Trainer:
                              "length": int(group.rollouts.lengths[j]),
                              "finish_reason": group.rollouts.finish_reasons[j]})
         self.run.append_samples(self.step, rows)
-
-
-def _cat_padded(parts: list[torch.Tensor], width: int) -> torch.Tensor:
-    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
 
 
 def _reward_specs(rewards: list, defaults: tuple[str, ...]) -> list[tuple[str, float]]:
