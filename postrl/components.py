@@ -45,23 +45,18 @@ def _advantage_describe(r: Recipe) -> str:
             "reinforce_pp_baseline": "REINFORCE++ with group-mean baseline"}[r.advantage]
 
 
-_ADVANTAGE_SOURCE = {
-    ("group", "group"): "GRPO, Shao et al. 2024 §4.1.2",
-    ("group", "batch"): "GRPO with batch-level std (as TRL scale_rewards='batch')",
-    ("group", "none"): "Dr. GRPO, Liu et al. 2025 §3.1",
-    "rloo": "RLOO, Ahmadian et al. 2024 eq. 7",
-    "gae": "GAE, Schulman et al. 2015 eq. 16; PPO, Schulman et al. 2017",
-    "reinforce_pp": "REINFORCE++, Hu 2025",
-    "reinforce_pp_baseline": "REINFORCE++-baseline, Hu 2025",
-}
-_ADVANTAGE_FORMULA = {
-    ("group", "group"): "A_i = (R_i - mean_g R) / (std_g R + eps)",
-    ("group", "batch"): "A_i = (R_i - mean_g R) / (std_batch R + eps)",
-    ("group", "none"): "A_i = R_i - mean_g R",
-    "rloo": "A_i = R_i - mean_{j != i} R_j",
-    "gae": "A_t = sum_l (gamma*lambda)^l delta_{t+l},  delta_t = rho_t + gamma*V_{t+1} - V_t",
-    "reinforce_pp": "A_t = whiten(sum_{l>=t} gamma^(l-t) rho_l)",
-    "reinforce_pp_baseline": "A_t = whiten(return-to-go of (R_i - mean_g R) - beta*KL_t)",
+_ADVANTAGE = {  # key -> (source, formula)
+    ("group", "group"): ("GRPO, Shao et al. 2024 §4.1.2",
+                         "A_i = (R_i - mean_g R) / (std_g R + eps)"),
+    ("group", "batch"): ("GRPO with batch-level std (as TRL scale_rewards='batch')",
+                         "A_i = (R_i - mean_g R) / (std_batch R + eps)"),
+    ("group", "none"): ("Dr. GRPO, Liu et al. 2025 §3.1", "A_i = R_i - mean_g R"),
+    "rloo": ("RLOO, Ahmadian et al. 2024 eq. 7", "A_i = R_i - mean_{j != i} R_j"),
+    "gae": ("GAE, Schulman et al. 2015 eq. 16; PPO, Schulman et al. 2017",
+            "A_t = sum_l (gamma*lambda)^l delta_{t+l},  delta_t = rho_t + gamma*V_{t+1} - V_t"),
+    "reinforce_pp": ("REINFORCE++, Hu 2025", "A_t = whiten(sum_{l>=t} gamma^(l-t) rho_l)"),
+    "reinforce_pp_baseline": ("REINFORCE++-baseline, Hu 2025",
+                              "A_t = whiten(return-to-go of (R_i - mean_g R) - beta*KL_t)"),
 }
 
 
@@ -162,8 +157,8 @@ COMPONENTS: tuple[Component, ...] = (
     Component("advantage", ("advantage", "adv_scale", "adv_std", "adv_eps", "gamma", "lam",
                             "whiten_advantages"),
               _advantage_state, _advantage_describe,
-              lambda r: _ADVANTAGE_SOURCE[_advantage_key(r)],
-              lambda r: _ADVANTAGE_FORMULA[_advantage_key(r)]),
+              lambda r: _ADVANTAGE[_advantage_key(r)][0],
+              lambda r: _ADVANTAGE[_advantage_key(r)][1]),
     Component("ratio", ("ratio", "hybrid_mixing"),
               lambda r: (r.ratio, r.hybrid_mixing if r.ratio == "hybrid" else None),
               _ratio_describe, lambda r: _RATIO[r.ratio][1], lambda r: _RATIO[r.ratio][2]),
