@@ -2,20 +2,28 @@
 
 All ``P*G`` rows are generated together (in chunks of ``batch_size`` rows) with a KV cache:
 one prefill over the left-padded prompts — each prompt once, its cache then shared by its G
-samples — then one forward per new token. The engine shares
-the policy's module, so it always samples from the current weights.
+samples — then one forward per new token over the rows still generating: finished rows are
+dropped from the batch (and the cache) as they accumulate, so a batch with a few long answers
+does not pay for the short ones.
+
+With ``precision="bf16"`` the engine samples from its own bfloat16 copy of the weights,
+refreshed from the policy at every ``generate`` call (autocast would re-cast every weight at
+every token); otherwise it shares the policy's module. Either way it samples from the current
+weights.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import torch
 from transformers import DynamicCache
 
-from postrl.models.precision import autocast
 from postrl.rollout.base import Rollouts, SamplingParams, cat_right_padded
-from postrl.rollout.sampling import next_tokens
+from postrl.rollout.sampling import next_tokens, row_generators
+
+COMPACT_FRACTION = 0.25  # drop finished rows once they are this share of the running batch
 
 
 class HFRolloutEngine:
@@ -33,15 +41,19 @@ class HFRolloutEngine:
         # transformers renamed `past_key_values` to `cache` (5.2x); use whichever it takes
         parameters = inspect.signature(model.forward).parameters
         self.cache_keyword = "cache" if "cache" in parameters else "past_key_values"
+        self._copy = None  # the bf16 sampling copy, made on first use
 
-    def generate(
-        self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, seed: int
-    ) -> Rollouts:
+    def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams,
+                 seed: int, first_prompt: int = 0) -> Rollouts:
+        """G samples of each prompt; prompt ``i`` is sampled with the key
+        ``(seed, first_prompt + i)`` whatever else is in the call."""
         rows = [list(p) for p in prompt_ids for _ in range(group_size)]
-        generator = torch.Generator().manual_seed(seed)
         prompts = [list(p) for p in prompt_ids]
+        generators = row_generators(seed, first_prompt, len(prompts), group_size)
         chunk = max((self.batch_size or len(rows)) // group_size, 1)  # prompts per chunk
-        parts = [self._generate_rows(prompts[i : i + chunk], group_size, params, generator)
+        model = self._sampling_model()
+        parts = [self._generate_rows(model, prompts[i : i + chunk], group_size, params,
+                                     generators[i * group_size : (i + chunk) * group_size])
                  for i in range(0, len(prompts), chunk)]
         response_ids, mask, logprobs = (cat_right_padded([p[i] for p in parts], fill)
                                         for i, fill in enumerate((self.pad_id, False, 0.0)))
@@ -51,19 +63,29 @@ class HFRolloutEngine:
         texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
         return Rollouts(rows, response_ids, mask, logprobs, lengths, reasons, texts, group_size)
 
-    @torch.inference_mode()
-    def _generate_rows(self, prompts: list[list[int]], group_size: int, params: SamplingParams,
-                       generator):
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with autocast(self.precision):
-                return self._sample(prompts, group_size, params, generator)
-        finally:
-            self.model.train(was_training)
+    @torch.no_grad()
+    def _sampling_model(self):
+        if self.precision != "bf16":
+            return self.model
+        if self._copy is None:
+            self._copy = copy.deepcopy(self.model).to(torch.bfloat16).requires_grad_(False)
+            for parameter in self._copy.parameters():
+                parameter.grad = None
+        for mine, theirs in zip(self._copy.parameters(), self.model.parameters(), strict=True):
+            mine.copy_(theirs)
+        return self._copy
 
-    def _sample(self, prompts: list[list[int]], group_size: int, params: SamplingParams,
-                generator):
+    @torch.inference_mode()
+    def _generate_rows(self, model, prompts, group_size, params, generators):
+        was_training = model.training
+        model.eval()
+        try:
+            return self._sample(model, prompts, group_size, params, generators)
+        finally:
+            model.train(was_training)
+
+    def _sample(self, model, prompts: list[list[int]], group_size: int, params: SamplingParams,
+                generators: list[torch.Generator]):
         prompt_len = max(len(r) for r in prompts)
         input_ids = torch.full((len(prompts), prompt_len), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), prompt_len), dtype=torch.long)
@@ -71,45 +93,56 @@ class HFRolloutEngine:
             input_ids[i, prompt_len - len(row):] = torch.tensor(row)
             attention[i, prompt_len - len(row):] = 1
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                         use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache})
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                    use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache})
         # the G samples of a prompt share its prefill: repeat the cache, not the computation
         cache.batch_repeat_interleave(group_size)
-        out.logits = out.logits.repeat_interleave(group_size, dim=0)
+        logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)
         attention = attention.repeat_interleave(group_size, dim=0)
-        positions = positions.repeat_interleave(group_size, dim=0)
-        batch = attention.shape[0]
-        tokens, logprobs, valid = [], [], []
-        alive = torch.ones(batch, dtype=torch.bool)
-        reasons = ["length"] * batch
-        next_position = positions[:, -1:] + 1
-        for step in range(params.max_new_tokens):
-            token, logprob = next_tokens(out.logits[:, -1], params, generator)
-            tokens.append(token.masked_fill(~alive, self.pad_id))
-            logprobs.append(logprob.masked_fill(~alive, 0.0))
-            valid.append(alive.clone())  # a token is part of the response iff its row was alive
+        next_position = positions[:, -1:].repeat_interleave(group_size, dim=0) + 1
+        rows, steps = attention.shape[0], params.max_new_tokens
+        tokens = torch.full((rows, steps), self.pad_id, dtype=torch.long)
+        logprobs = torch.zeros((rows, steps))
+        valid = torch.zeros((rows, steps), dtype=torch.bool)
+        reasons = ["length"] * rows
+        running = torch.arange(rows)  # original row of each row of the running batch
+        alive = torch.ones(rows, dtype=torch.bool)  # indexed by running position
+        for step in range(steps):
+            token, logprob = next_tokens(logits, params, [generators[r] for r in running])
+            token = token.masked_fill(~alive, self.pad_id)
+            tokens[running, step] = token
+            logprobs[running, step] = logprob.masked_fill(~alive, 0.0)
+            valid[running, step] = alive  # a token is part of the response iff its row was alive
             ended = alive & torch.isin(token, self.eos_ids)
             for i in ended.nonzero().flatten().tolist():
-                reasons[i] = "eos"
+                reasons[int(running[i])] = "eos"
             alive &= ~ended
             if params.stop:
-                self._apply_stop_strings(tokens, alive, reasons, params.stop)
-            if not alive.any() or step == params.max_new_tokens - 1:
+                self._apply_stop_strings(tokens[running, : step + 1], alive, running, reasons,
+                                         params.stop)
+            if not alive.any() or step == steps - 1:
                 break
-            attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long)], dim=1)
-            out = self.model(input_ids=tokens[-1].unsqueeze(1), attention_mask=attention,
-                             position_ids=next_position, use_cache=True,
-                             **{self.cache_keyword: cache})
+            if (~alive).sum() >= COMPACT_FRACTION * len(alive):
+                keep = alive.nonzero().flatten()
+                cache.batch_select_indices(keep)
+                running, attention, next_position, token = (
+                    running[keep], attention[keep], next_position[keep], token[keep])
+                alive = alive[keep]
+            attention = torch.cat([attention, torch.ones((len(running), 1), dtype=torch.long)],
+                                  dim=1)
+            out = model(input_ids=token.unsqueeze(1), attention_mask=attention,
+                        position_ids=next_position, use_cache=True,
+                        **{self.cache_keyword: cache})
+            logits = out.logits[:, -1]
             next_position = next_position + 1
-        return (torch.stack(tokens, dim=1), torch.stack(valid, dim=1),
-                torch.stack(logprobs, dim=1), reasons)
+        width = max(int(valid.sum(dim=1).max()), 1)
+        return tokens[:, :width], valid[:, :width], logprobs[:, :width], reasons
 
-    def _apply_stop_strings(self, tokens, alive, reasons, stop) -> None:
+    def _apply_stop_strings(self, generated, alive, running, reasons, stop) -> None:
         """End (in place) every live row whose decoded text now contains a stop string."""
-        generated = torch.stack(tokens, dim=1)
         for i in alive.nonzero().flatten().tolist():
             text = self.tokenizer.decode(generated[i].tolist(), skip_special_tokens=True)
             if any(s in text for s in stop):
                 alive[i] = False
-                reasons[i] = "stop"
+                reasons[int(running[i])] = "stop"

@@ -1,6 +1,15 @@
-"""Choosing the next token: temperature, top-k, top-p, greedy; with its log-probability."""
+"""Choosing the next token: temperature, top-k, top-p, greedy; with its log-probability.
+
+Sampling is keyed per response: response ``j`` of prompt ``i`` draws its randomness from its
+own generator, seeded by ``(seed, i, j)`` alone (:func:`row_seed`). Which other prompts share
+the batch, how rows are chunked, or which rollout worker runs them never changes the random
+numbers a response sees. A token is drawn by inversion: one uniform ``u`` per row and step,
+and the first token whose cumulative probability (summed in float64) exceeds ``u``.
+"""
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 from torch import Tensor
@@ -27,16 +36,42 @@ def truncate_logits(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
     return scaled
 
 
-def next_tokens(
-    logits: Tensor, params: SamplingParams, generator: torch.Generator
-) -> tuple[Tensor, Tensor]:
-    """``(tokens [B], logprobs [B])``; log-probs of the temperature-scaled, untruncated policy."""
+def row_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """A 63-bit seed for one response, a stable function of its key (not of the process)."""
+    key = f"{seed}/{prompt_index}/{sample_index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+def row_generators(seed: int, first_prompt: int, prompts: int, group_size: int
+                   ) -> list[torch.Generator]:
+    """One generator per response, prompt-major like the rows of a :class:`Rollouts`."""
+    return [torch.Generator().manual_seed(row_seed(seed, first_prompt + i, j))
+            for i in range(prompts) for j in range(group_size)]
+
+
+def uniforms(generators: list[torch.Generator]) -> Tensor:
+    """``[len(generators), 1]`` float64 U(0, 1) draws, row ``r`` from generator ``r``."""
+    return torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])[:, None]
+
+
+def next_tokens(logits: Tensor, params: SamplingParams,
+                generators: list[torch.Generator] | None) -> tuple[Tensor, Tensor]:
+    """``(tokens [B], logprobs [B])``; log-probs of the temperature-scaled, untruncated policy.
+
+    ``generators`` holds one generator per row (unused when greedy).
+    """
     logits = logits.float()
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)
-        return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, _picked_logprob(logits, tokens)
     scaled = logits / params.temperature
-    logprobs = torch.log_softmax(scaled, dim=-1)
     truncated = truncate_logits(scaled, params.top_k, params.top_p)
-    tokens = torch.multinomial(torch.softmax(truncated, dim=-1), 1, generator=generator)
-    return tokens.squeeze(-1), logprobs.gather(-1, tokens).squeeze(-1)
+    cdf = torch.softmax(truncated, dim=-1).double().cumsum(dim=-1)
+    # the first token whose cumulative mass exceeds u * total: token i with probability p_i
+    tokens = torch.searchsorted(cdf, uniforms(generators) * cdf[:, -1:], right=True)
+    tokens = tokens.squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+    return tokens, _picked_logprob(scaled, tokens)
+
+
+def _picked_logprob(logits: Tensor, tokens: Tensor) -> Tensor:
+    return logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)

@@ -104,14 +104,14 @@ def test_full_finetune_reference_is_a_frozen_copy(tiny):
 def test_real_smollm2_loads_from_the_wheel_generates_and_trains_one_step(tmp_path):
     cfg = load_config(None, ["model=smollm2-135m-instruct", "recipe=grpo", "steps=1",
                              "prompts_per_step=1", "group_size=4", "max_new_tokens=8",
-                             f"out={tmp_path / 'run'}", "quiet=true", "lr=1e-5"])
+                             f"out={tmp_path / 'run'}", "quiet=true", "lr=1e-5", "seed=1"])
     trainer = Trainer(cfg)
     assert trainer.lm.config.num_hidden_layers == 30 and trainer.lm.config.hidden_size == 576
     before = trainer.lm.model.embed_tokens.weight.detach().clone()
     metrics = trainer.train()
     assert metrics["rollout/tokens_generated"] > 0
     assert metrics["loss/total"] == metrics["loss/total"]  # finite, not NaN
-    # with seed 0 one of the four samples answers "4 + 2" correctly: the group has signal
+    # with seed 1 two of the four samples answer correctly: the group has signal
     assert metrics["batch/zero_variance_frac"] == 0 and 0 < metrics["accuracy/mean"] < 1
     assert metrics["grad/norm"] > 0
     assert not torch.equal(before, trainer.lm.model.embed_tokens.weight)
