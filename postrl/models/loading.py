@@ -97,12 +97,18 @@ def load_tokenizer(spec: str):
     return tokenizer
 
 
+# Plain matmul-softmax attention: at RL lengths (a few hundred tokens) on a CPU its backward is
+# about 30% faster than SDPA's flash kernel (bench/roofline.py, docs/performance.md).
+ATTENTION = "eager"
+
+
 def tiny_config(vocab_size: int, eos_token_id: int | None) -> LlamaConfig:
     """A 2-layer, 64-wide Llama: a training step on it takes well under a second on a CPU."""
     return LlamaConfig(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
         tie_word_embeddings=True, eos_token_id=eos_token_id, bos_token_id=eos_token_id,
+        attn_implementation=ATTENTION,
     )
 
 
@@ -115,7 +121,8 @@ def load_policy(spec: str, seed: int = 0, dtype: torch.dtype = torch.float32):
     else:
         path = resolve_model_dir(spec)
         with _readable(path, "model"):
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype,
+                                                         attn_implementation=ATTENTION)
     return model, tokenizer
 
 

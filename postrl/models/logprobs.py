@@ -1,9 +1,9 @@
 """Per-token log-probabilities (and entropies) of responses under a causal LM.
 
 The batch layout matches the rollout engine: left-padded prompts followed by right-padded
-responses, so one forward pass scores every response. Only the response positions go through
-the LM head, and the log-softmax is never materialised over the whole vocabulary for the whole
-batch at once: rows are processed in chunks.
+responses, so one forward pass scores every response. Only the response tokens go through the
+LM head (not the prompt, not the padding), and the log-softmax is never materialised over the
+whole vocabulary for the whole batch at once: tokens are processed in chunks.
 """
 
 from __future__ import annotations
@@ -48,24 +48,35 @@ def response_logprobs(
 
     Gradients flow into ``logp`` when called outside ``torch.no_grad``; the entropy carries a
     gradient only with ``entropy_grad`` (an entropy bonus or entropy-guided mixing), otherwise
-    it is a detached diagnostic. Positions past each response are meaningless (mask them).
+    it is a detached diagnostic. Positions outside the response mask hold 0.
     """
     response_width = batch.input_ids.shape[1] - batch.prompt_width
     hidden = model.model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask,
         position_ids=batch.position_ids, use_cache=False,
     ).last_hidden_state
-    # the hidden state at column c predicts the token at c + 1
+    # the hidden state at column c predicts the token at c + 1; only response tokens (the
+    # attention mask's response part) go through the LM head, chunk_rows * T at a time
     hidden = hidden[:, batch.prompt_width - 1 : batch.prompt_width - 1 + response_width]
-    targets = batch.input_ids[:, batch.prompt_width:]
+    scored = batch.attention_mask[:, batch.prompt_width:].bool()
+    hidden, targets = hidden[scored], batch.input_ids[:, batch.prompt_width:][scored]
+    chunk = chunk_rows * max(response_width, 1)
     logps, entropies = [], []
-    for start in range(0, hidden.shape[0], chunk_rows):
-        logits = model.lm_head(hidden[start : start + chunk_rows]).float()
+    for start in range(0, hidden.shape[0], chunk):
+        logits = model.lm_head(hidden[start : start + chunk]).float()
         if temperature != 1.0:
             logits = logits / temperature
-        picked = logits.gather(-1, targets[start : start + chunk_rows, :, None]).squeeze(-1)
+        picked = logits.gather(-1, targets[start : start + chunk, None]).squeeze(-1)
         logps.append(picked - torch.logsumexp(logits, dim=-1))
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 entropies.append(entropy_from_logits(logits))
-    return torch.cat(logps), torch.cat(entropies) if with_entropy else None
+    logp = _unflatten(logps, scored, hidden)
+    return logp, _unflatten(entropies, scored, hidden) if with_entropy else None
+
+
+def _unflatten(parts: list[Tensor], scored: Tensor, like: Tensor) -> Tensor:
+    """``[N, T]`` with the scored positions filled from ``parts`` (in order), 0 elsewhere."""
+    flat = torch.cat(parts) if parts else like.new_zeros(0, dtype=torch.float32)
+    return torch.zeros(scored.shape, dtype=flat.dtype, device=flat.device).masked_scatter(
+        scored, flat)

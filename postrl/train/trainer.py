@@ -69,9 +69,10 @@ class Trainer:
                                        tuple(cfg.stop))
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                            lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                                           weight_decay=cfg.weight_decay)
+                                           weight_decay=cfg.weight_decay, fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
+        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr,
+                                                   fused=True)
                                  if self.critic else None)
         self.sampler = PromptSampler(self.task.train(), cfg.seed)
         self.update_generator = torch.Generator().manual_seed(cfg.seed)

@@ -42,6 +42,14 @@ def minibatch_rows(rows: int, minibatches: int, generator: torch.Generator) -> l
     return [part for part in torch.tensor_split(order, minibatches) if len(part)]
 
 
+def length_sorted(rows: Tensor, batch: TrainBatch) -> Tensor:
+    """``rows`` longest first, so each micro-batch pads only to its own longest sequence.
+    The minibatch's loss is normalised by global counts, so the split changes no gradient."""
+    lengths = [len(batch.prompt_ids[i]) + int(batch.lengths[i]) for i in rows.tolist()]
+    order = sorted(range(len(lengths)), key=lambda k: -lengths[k])
+    return rows[torch.tensor(order, dtype=torch.long)]
+
+
 def average_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
     """Metrics of several optimizer steps: mean of each value, min/max for ratio extremes."""
     merged: dict[str, float] = {}
@@ -70,19 +78,20 @@ def run_updates(policy_lm, optimizer, batch: TrainBatch, recipe: Recipe, loss_cf
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)
             finite = True
-            for micro in torch.split(rows, settings.micro_batch_size):
-                sequences = batch.sequences(micro, settings.pad_id)
-                width = sequences.input_ids.shape[1] - sequences.prompt_width
-                mask = batch.response_mask[micro, :width]
-                if settings.train_policy:
-                    with autocast(settings.precision):
+            # one autocast region per minibatch: its cache casts each weight to bf16 once,
+            # not once per micro-batch (the weights only change at the optimizer step)
+            with autocast(settings.precision):
+                for micro in torch.split(length_sorted(rows, batch), settings.micro_batch_size):
+                    sequences = batch.sequences(micro, settings.pad_id)
+                    width = sequences.input_ids.shape[1] - sequences.prompt_width
+                    mask = batch.response_mask[micro, :width]
+                    if settings.train_policy:
                         micro_diagnostics, micro_finite = _policy_micro_step(
                             policy_lm, sequences, batch, micro, width, mask, loss_cfg, counts,
                             settings.temperature, need_entropy_grad)
-                    diagnostics = diagnostics.merge(micro_diagnostics)
-                    finite &= micro_finite
-                if critic is not None:
-                    with autocast(settings.precision):
+                        diagnostics = diagnostics.merge(micro_diagnostics)
+                        finite &= micro_finite
+                    if critic is not None:
                         value_terms.append(_critic_micro_step(
                             critic, sequences, batch, micro, width, mask, recipe, loss_cfg,
                             counts))
