@@ -6,6 +6,9 @@ this folder, at one generated-token budget shared by all its runs, with three se
     python examples/findings/findings_plan.py --out runs/findings            # all, ~70 min
     python examples/findings/findings_plan.py --out runs/findings --only length --dry-run
 
+To redo one experiment, remove its directory (compare refuses run directories that hold runs)
+and run it with ``--only NAME``; then rerun write_report.py.
+
 Every experiment's output goes to ``OUT/<name>/`` (the runs, ``comparison.json`` and the
 usual report); the driver adds ``OUT/<name>/findings.json`` with the exact command and its
 wall-clock seconds, which write_report.py puts into the document.
@@ -46,17 +49,18 @@ class Experiment:
                 *overrides]
 
 
-# Budgets sized on a 2-core CPU (see the Makefile's `findings` target for the measured costs).
+# Budgets sized so that all 30 runs take ~70 min on a 2-core CPU at the measured ~38 ms per
+# generated token (the Makefile's `findings` target); runs take ~7-11 steps of 2 x 8 samples.
 EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("length", "Response length: GRPO vs Dr. GRPO", "compare", ("grpo", "dr_grpo"),
-               "examples/findings/length.yaml", token_budget=5000),
+               "examples/findings/length.yaml", token_budget=4500),
     # clip-higher is applied from the start: with one update per batch it is exactly inert
     # (every ratio is 1), so its rung would repeat the previous one (docs/comparing.md §4)
     Experiment("ladder", "From GRPO to DAPO, one component at a time", "ladder",
                ("grpo:clip_high=0.28", "dapo"), "examples/findings/ladder.yaml",
-               token_budget=3000),
+               token_budget=2600),
     Experiment("offpolicy", "Off-policy updates: GRPO vs GSPO vs DHPO", "compare",
-               ("grpo", "gspo", "dhpo"), "examples/findings/offpolicy.yaml", token_budget=3000),
+               ("grpo", "gspo", "dhpo"), "examples/findings/offpolicy.yaml", token_budget=2800),
 )
 BY_NAME = {e.name: e for e in EXPERIMENTS}
 

@@ -27,6 +27,7 @@ from findings_tables import (
     wasted_share,
 )
 
+from postrl.errors import DataError
 from postrl.experiments import plots
 from postrl.experiments.plots import Line, Panel
 
@@ -124,8 +125,11 @@ VIEWS: dict[str, View] = {
 
 def with_sample_accuracy(run: RunData) -> list[dict[str, Any]]:
     """The run's metric records, each with :data:`SAMPLE_ACCURACY` added when samples.jsonl
-    logs every response of its step (for plotting only)."""
-    by_step = complete_samples(run) if run.samples else {}
+    logs every response of the run (for plotting only; the tables refuse incomplete ones)."""
+    try:
+        by_step = complete_samples(run) if run.samples else {}
+    except DataError:
+        by_step = {}
     records = []
     for record in run.records:
         rows = by_step.get(int(record["step"]))
