@@ -13,7 +13,7 @@ from pathlib import Path
 from findings_data import ExperimentData
 from findings_plan import BY_NAME
 from findings_tables import Row, cell_text, find_row, last, logged_seconds, markdown_table, steps
-from findings_views import VIEWS, prefixed, with_sample_accuracy
+from findings_views import prefixed, view, with_sample_accuracy
 
 from postrl.components import differing
 from postrl.errors import DataError
@@ -88,7 +88,7 @@ def setup(data: ExperimentData) -> str:
 
 
 def table(data: ExperimentData) -> str:
-    return markdown_table(data, VIEWS[data.name].rows)
+    return markdown_table(data, view(data.name).rows)
 
 
 def cost(data: ExperimentData) -> str:
@@ -102,7 +102,7 @@ def figures(data: ExperimentData, figures_dir: Path, doc_dir: Path) -> str:
     groups = {label: [with_sample_accuracy(run) for run in runs]
               for label, runs in data.groups.items()}
     links = []
-    for panel in VIEWS[data.name].panels:
+    for panel in view(data.name).panels:
         if not any(plots.has_data(groups, metric) for metric in panel.metrics):
             continue
         path = plots.plot_panel(prefixed(panel, data.name), groups, figures_dir)
@@ -123,7 +123,7 @@ def value(data: ExperimentData, label: str, key: str) -> str:
     """One table cell, ``mean ± half-width``, for inline use in the prose."""
     if label not in data.groups:
         raise KeyError(f"no recipe {label!r} in {data.path}; recipes: {', '.join(data.groups)}")
-    rows = VIEWS[data.name].rows + COST_ROWS
+    rows = view(data.name).rows + COST_ROWS
     try:
         row = find_row(rows, key)
     except KeyError:

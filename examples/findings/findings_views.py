@@ -123,6 +123,14 @@ VIEWS: dict[str, View] = {
 }
 
 
+def view(name: str) -> View:
+    """The view of experiment ``name``; KeyError listing the known ones."""
+    if name not in VIEWS:
+        raise KeyError(f"no table or figures are defined for experiment {name!r} (only for "
+                       f"{', '.join(VIEWS)}: examples/findings/findings_views.py)")
+    return VIEWS[name]
+
+
 def with_sample_accuracy(run: RunData) -> list[dict[str, Any]]:
     """The run's metric records, each with :data:`SAMPLE_ACCURACY` added when samples.jsonl
     logs every response of the run (for plotting only; the tables refuse incomplete ones)."""

@@ -24,11 +24,12 @@ import findings_plan  # noqa: E402
 import write_report  # noqa: E402
 
 REWARDS = REPO / "tests" / "train" / "rewards_for_tests.py"
-# a random model never answers correctly: this reward varies within some groups and is
-# constant in others, so dynamic sampling drops groups and generates extra rounds
-TINY = ("model=tiny", "group_size=4", "max_new_tokens=10", "eval_every=2", "eval_n=2",
-        "quiet=true", f"rewards=[{REWARDS}:parity_on_odd_answers]")
-BUDGET = 150  # two steps of 2 prompts x 4 samples x 10 tokens (one for dynamic sampling)
+# A random model never answers correctly: this reward varies within some groups and is
+# constant in others, so dynamic sampling drops groups and generates extra rounds. Stopping at
+# an "e" makes lengths (and so the per-step metrics) differ from step to step.
+TINY = ("model=tiny", "group_size=4", "max_new_tokens=10", "stop=[e]", "eval_every=2",
+        "eval_n=2", "quiet=true", f"rewards=[{REWARDS}:parity_on_odd_answers]")
+BUDGET = 50  # a few steps of 2 prompts x 4 samples of ~2 tokens
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -231,6 +232,16 @@ def copy_experiment(runs_root: Path, name: str, tmp_path: Path) -> Path:
     root = tmp_path / "runs"
     shutil.copytree(runs_root / name, root / name)
     return root
+
+
+def test_experiment_without_a_view_gets_setup_but_no_table(tmp_path, runs_root):
+    root = tmp_path / "runs"
+    shutil.copytree(runs_root / "length", root / "mine")
+    doc = tmp_path / "doc.md"
+    write_report.write(root, write_notes(tmp_path, "{{ mine setup }}\n"), doc)
+    assert "- `dr_grpo`: advantage: group-relative, no std scaling" in doc.read_text()
+    with pytest.raises(DataError, match="no table or figures are defined for experiment 'mine'"):
+        write_report.write(root, write_notes(tmp_path, "{{ mine table }}\n"), doc)
 
 
 def test_incomplete_samples_are_refused(tmp_path, runs_root):
