@@ -209,13 +209,15 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     text = path.read_text()
     try:
         node = yaml.compose(text, Loader=_Loader)
-        data = _yaml(text) or {}
+        data = _yaml(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: invalid YAML: {err}") from None
-    if not isinstance(data, dict):
+    if data is None:  # an empty file (or only comments)
+        return {}, {}
+    if not isinstance(data, dict):  # a list, or a scalar such as `0` or `false`
         raise ConfigError(f"{path}: the top level must be a mapping of options")
     where: dict[str, str] = {}
-    for key_node, value_node in node.value if node is not None else []:
+    for key_node, value_node in node.value:
         where[key_node.value] = f"{path}:{key_node.start_mark.line + 1}: "
         if isinstance(value_node, yaml.MappingNode):
             for sub_key, _ in value_node.value:

@@ -36,6 +36,8 @@ def test_yaml_file_then_overrides(tmp_path):
     ("recipe: dapoo\n", "run.yaml:1: unknown recipe 'dapoo'"),
     ("recipe_options:\n  clip_low: -0.2\n", "run.yaml:1: clip ranges must be >= 0"),
     ("- a\n- b\n", "the top level must be a mapping"),
+    ("0\n", "the top level must be a mapping"),  # a falsy scalar, not an empty file
+    ("false\n", "the top level must be a mapping"),
     ("steps: [\n", "invalid YAML"),
 ])
 def test_yaml_errors_name_file_and_line(tmp_path, text, message):
