@@ -67,10 +67,10 @@ class HFRolloutEngine:
     def _sampling_model(self):
         if self.precision != "bf16":
             return self.model
-        if self._copy is None:
-            self._copy = copy.deepcopy(self.model).to(torch.bfloat16).requires_grad_(False)
-            for parameter in self._copy.parameters():
-                parameter.grad = None
+        if self._copy is None:  # bf16 parameters from the start: no float32 copy, no grads
+            memo = {id(p): torch.nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=False)
+                    for p in self.model.parameters()}
+            self._copy = copy.deepcopy(self.model, memo).to(torch.bfloat16)
         for mine, theirs in zip(self._copy.parameters(), self.model.parameters(), strict=True):
             mine.copy_(theirs)
         return self._copy
