@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import re
 import types
 import typing
@@ -78,6 +79,15 @@ class TrainConfig:
     max_skipped_steps: int = 3  # abort after this many non-finite steps in a row
     reward_errors: str = "raise"  # or "zero": a failing reward scores 0, counted in reward/errors
     reward_timeout_s: float | None = 60.0  # per reward function call on a batch
+    # scaling out (docs/scaling.md): Ray actors for rollouts, DDP workers for updates
+    launcher: str = "local"  # "local" (this process does everything) or "ray"
+    rollout_workers: int = 1  # Ray actors generating the prompts of a round (contiguous slices)
+    train_workers: int = 1  # data-parallel trainer workers (one torch.distributed group)
+    rollout_backend: str = "hf"  # "hf" (transformers, CPU) or "vllm" (GPU, optional extra)
+    ray_address: str | None = None  # a running cluster ("auto", "ray://host:10001"); null
+    #   joins the Ray session of this process if there is one, else starts a local cluster
+    worker_cpus: float | None = None  # CPUs each actor reserves; null = an even share
+    worker_gpus: float = 0.0  # GPUs each actor reserves; > 0 trains on CUDA with NCCL
     # the run
     seed: int = 0
     out: str | None = None  # default runs/<recipe>-<task>-s<seed>
@@ -126,10 +136,68 @@ def _yaml(text: str) -> Any:
 
 
 POSITIVE = ("prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs", "minibatches",
-            "micro_batch_size", "lr", "critic_lr", "eval_n", "keep_last", "max_skipped_steps")
+            "micro_batch_size", "lr", "critic_lr", "eval_n", "keep_last", "max_skipped_steps",
+            "rollout_workers", "train_workers")
 NON_NEGATIVE = ("top_k", "warmup_steps", "weight_decay", "critic_warmup_steps", "log_samples",
-                "eval_every", "save_rollouts_every", "save_every")
+                "eval_every", "save_rollouts_every", "save_every", "worker_gpus")
 SCHEDULES = ("constant", "linear", "cosine")
+LAUNCHERS = ("local", "ray")
+ROLLOUT_BACKENDS = ("hf", "vllm")
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def validate_scaling(cfg: TrainConfig, fail) -> None:
+    """The launcher, worker counts and rollout backend (docs/scaling.md)."""
+    if cfg.launcher not in LAUNCHERS:
+        fail("launcher", f"launcher={cfg.launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    if cfg.rollout_backend not in ROLLOUT_BACKENDS:
+        fail("rollout_backend", f"rollout_backend={cfg.rollout_backend!r} is not one of "
+             f"{', '.join(ROLLOUT_BACKENDS)}")
+    if cfg.launcher == "local":
+        ray_only = {"rollout_workers": cfg.rollout_workers != 1,
+                    "train_workers": cfg.train_workers != 1,
+                    "ray_address": cfg.ray_address is not None,
+                    "worker_cpus": cfg.worker_cpus is not None, "worker_gpus": cfg.worker_gpus > 0}
+        for key, is_set in ray_only.items():
+            if is_set:
+                fail(key, f"{key}={getattr(cfg, key)} needs launcher=ray")
+    elif not _installed("ray"):
+        fail("launcher", "launcher=ray needs Ray, which is not installed: "
+             "pip install 'postrl[ray]'")
+    if cfg.rollout_workers > cfg.prompts_per_step:
+        fail("rollout_workers", f"rollout_workers={cfg.rollout_workers} exceeds the "
+             f"{cfg.prompts_per_step} prompts of a round (prompts_per_step): every rollout "
+             "worker needs at least one prompt")
+    rows = cfg.prompts_per_step * cfg.group_size // cfg.minibatches
+    if cfg.train_workers > rows:
+        fail("train_workers", f"train_workers={cfg.train_workers} exceeds the {rows} responses "
+             "of a minibatch (prompts_per_step * group_size / minibatches): every trainer "
+             "worker needs at least one")
+    if cfg.worker_cpus is not None and cfg.worker_cpus <= 0:
+        fail("worker_cpus", f"worker_cpus must be > 0 or null, got {cfg.worker_cpus}")
+    if cfg.rollout_backend == "vllm":
+        _validate_vllm(cfg, fail)
+
+
+def _validate_vllm(cfg: TrainConfig, fail) -> None:
+    if not _installed("vllm"):
+        fail("rollout_backend", "rollout_backend=vllm needs vLLM, which is not installed: "
+             "pip install 'postrl[vllm]' on a machine with an NVIDIA GPU")
+    if cfg.lora.r:
+        fail("rollout_backend", "rollout_backend=vllm does not take LoRA adapters yet: "
+             "use rollout_backend=hf, or lora.r=0")
+    if cfg.launcher == "ray" and cfg.worker_gpus <= 0:
+        fail("rollout_backend", "rollout_backend=vllm with launcher=ray needs a GPU per "
+             "rollout worker: set worker_gpus=1")
+    if cfg.launcher == "local":
+        import torch
+
+        if not torch.cuda.is_available():
+            fail("rollout_backend", "rollout_backend=vllm needs a CUDA GPU, and this "
+                 "machine has none: use rollout_backend=hf")
 
 
 def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
@@ -180,6 +248,7 @@ def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
     except ConfigError as err:
         fail("recipe_options", str(err))
     recipe.check_schedule(cfg.group_size, cfg.max_new_tokens)  # its errors name the options
+    validate_scaling(cfg, fail)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:

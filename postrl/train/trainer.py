@@ -28,7 +28,16 @@ from postrl.train.evaluate import evaluate
 from postrl.train.metrics import step_metrics
 from postrl.train.resume import maybe_save, resume
 from postrl.train.sampling import Collected, Group, PromptSampler, collect
-from postrl.train.update import UpdateSettings, run_updates
+from postrl.train.update import (
+    TokenScorer,
+    Trainable,
+    UpdateSettings,
+    ValueScorer,
+    average_rounds,
+    round_metrics,
+    run_updates,
+    update_plan,
+)
 
 
 class TrainingError(PostRLError):
@@ -39,6 +48,26 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def load_trained_policy(cfg: TrainConfig):
+    """``(policy, tokenizer)``: the model of ``cfg`` with LoRA adapters if asked (every
+    process that holds a replica builds it this way)."""
+    model, tokenizer = load_policy(cfg.model, seed=cfg.seed)
+    if cfg.lora.r:
+        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout,
+                           cfg.lora.target_modules)
+    return model, tokenizer
+
+
+def make_optimizers(cfg: TrainConfig, policy, critic):
+    """AdamW for the trainable policy weights, and for the critic if there is one."""
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
+                                  lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                  weight_decay=cfg.weight_decay, fused=True)
+    critic_optimizer = (torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, fused=True)
+                        if critic is not None else None)
+    return optimizer, critic_optimizer
 
 
 class Trainer:
@@ -55,10 +84,7 @@ class Trainer:
                              on_error=cfg.reward_errors, timeout_s=cfg.reward_timeout_s)
         self.verifier_name = self.task.default_rewards[0]
         self.verifier = load_reward(self.verifier_name)
-        model, self.tokenizer = load_policy(cfg.model, seed=cfg.seed)
-        if cfg.lora.r:
-            model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout,
-                               cfg.lora.target_modules)
+        model, self.tokenizer = load_trained_policy(cfg)
         self.policy = model
         self.lm = causal_lm(model)
         self.reference = ReferencePolicy(model) if self.recipe.needs_reference else None
@@ -67,13 +93,8 @@ class Trainer:
                                       precision=cfg.precision)
         self.sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens,
                                        tuple(cfg.stop))
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                           lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                                           weight_decay=cfg.weight_decay, fused=True)
+        self.optimizer, self.critic_optimizer = make_optimizers(cfg, model, self.critic)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr,
-                                                   fused=True)
-                                 if self.critic else None)
         self.sampler = PromptSampler(self.task.train(), cfg.seed)
         self.update_generator = torch.Generator().manual_seed(cfg.seed)
         self.prompt_cache: dict[str, list[int]] = {}
@@ -85,6 +106,12 @@ class Trainer:
         self.skipped_in_a_row = 0
         self.reward_errors = 0
         self.resumed_from = resume(self) if cfg.resume != "no" else None
+        self.cluster = None
+        if cfg.launcher == "ray":  # rollout actors and trainer workers start from this state
+            from postrl.distributed import start_cluster
+
+            self.cluster = start_cluster(self)
+            self.engine = self.cluster.rollout
 
     # ---- schedule -------------------------------------------------------------------------
     def _lr_factor(self, step: int) -> float:
@@ -111,17 +138,29 @@ class Trainer:
         metrics: dict[str, float] = {}
         sinks = MultiSink([JsonlSink(self.run.metrics_path),
                            *make_sinks(self.cfg.report_to, self.run.path)])
-        with sinks, TrainProgress(self.cfg.steps, self.cfg.token_budget,
-                                  quiet=self.cfg.quiet) as bar:
-            while not self.done():
-                metrics = self.train_step()
-                metrics.update(self._maybe_evaluate())
-                sinks.log(self.step, metrics)
-                bar.update(self.step, metrics)
-                maybe_save(self)
-        maybe_save(self, final=True)
+        try:
+            with sinks, TrainProgress(self.cfg.steps, self.cfg.token_budget,
+                                      quiet=self.cfg.quiet) as bar:
+                while not self.done():
+                    metrics = self.train_step()
+                    metrics.update(self._maybe_evaluate())
+                    sinks.log(self.step, metrics)
+                    bar.update(self.step, metrics)
+                    self._save()
+            self._save(final=True)
+        finally:
+            if self.cluster is not None:
+                self.cluster.close()
         save_policy(self.policy, self.tokenizer, self.run.final_dir)
         return metrics
+
+    def _save(self, final: bool = False) -> None:
+        """A checkpoint when one is due; with Ray workers, their optimizer state first."""
+        every = self.cfg.save_every
+        due = every and self.step > 0 and (final or self.step % every == 0)
+        if due and self.cluster is not None:
+            self.cluster.pull_optimizer_states(self.optimizer, self.critic_optimizer)
+        maybe_save(self, final)
 
     def train_step(self) -> dict[str, float]:
         timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
@@ -271,10 +310,20 @@ class Trainer:
             max_grad_norm=self.cfg.max_grad_norm, pad_id=self.engine.pad_id,
             precision=self.cfg.precision,
             train_policy=self.step >= self.cfg.critic_warmup_steps or self.critic is None)
-        self.policy.train()
-        # with LoRA, self.lm is the base model with the adapters injected (and active)
-        return run_updates(self.lm, self.optimizer, batch, self.recipe, self.loss_cfg, settings,
-                           self.update_generator, self.critic, self.critic_optimizer)
+        # the plan (which rows make each optimizer step) is drawn here, whatever the workers
+        plan = update_plan(batch.rows, settings.epochs, settings.minibatches,
+                           self.update_generator)
+        if self.cluster is not None:  # trains the workers, then syncs this copy and rollouts
+            results = self.cluster.update(batch, settings, plan,
+                                          self.optimizer.param_groups[0]["lr"])
+        else:
+            self.policy.train()
+            # with LoRA, self.lm is the base model with the adapters injected (and active)
+            models = Trainable(TokenScorer(self.lm), self.optimizer,
+                               ValueScorer(self.critic) if self.critic else None,
+                               self.critic_optimizer)
+            results = run_updates(models, batch, self.recipe, self.loss_cfg, settings, plan)
+        return average_rounds([round_metrics(r) for r in results])
 
     def _log_samples(self, collected: Collected) -> None:
         rows = []

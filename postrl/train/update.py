@@ -1,15 +1,23 @@
 """Policy (and critic) updates on one batch: epochs x minibatches optimizer steps, each over
-micro-batches whose losses are normalised by the minibatch's GLOBAL counts (§3)."""
+micro-batches whose losses are normalised by the minibatch's GLOBAL counts (§3).
+
+The same loop serves one process and data-parallel replicas (``postrl.distributed``): the
+driver draws the plan (which rows make each optimizer step) so that it never depends on the
+number of replicas; each replica takes a contiguous share of every minibatch, and the results
+of all replicas merge into the metrics of the whole batch.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from postrl.models.logprobs import response_logprobs
+from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.precision import autocast
 from postrl.objectives import (
     BatchCounts,
@@ -34,6 +42,70 @@ class UpdateSettings:
     pad_id: int
     train_policy: bool = True  # False during critic warm-up
     precision: str = "fp32"
+    device: str = "cpu"  # where this replica's modules live; batches stay on the CPU
+
+
+class TokenScorer(nn.Module):
+    """Per-token log-probs and entropies of a causal LM as a module's ``forward``: a
+    data-parallel wrapper (DDP) synchronises through the forward it wraps."""
+
+    def __init__(self, lm) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, sequences: SequenceBatch, temperature: float, entropy_grad: bool):
+        return response_logprobs(self.lm, sequences, temperature, with_entropy=True,
+                                 entropy_grad=entropy_grad)
+
+
+class ValueScorer(nn.Module):
+    """PPO's critic values as a module's ``forward`` (see :class:`TokenScorer`)."""
+
+    def __init__(self, critic) -> None:
+        super().__init__()
+        self.critic = critic
+
+    def forward(self, sequences: SequenceBatch) -> Tensor:
+        return self.critic.values(sequences)
+
+
+@dataclass
+class Trainable:
+    """What one update trains: the policy (a :class:`TokenScorer`, possibly DDP-wrapped) and
+    optionally PPO's critic (a :class:`ValueScorer`), with their optimizers."""
+
+    policy: nn.Module
+    optimizer: torch.optim.Optimizer
+    critic: nn.Module | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
+
+
+class Replica:
+    """This process's share of every optimizer step: data-parallel rank ``rank`` of ``size``.
+    A single process is rank 0 of 1; ``postrl.distributed`` overrides the two hooks."""
+
+    rank: int = 0
+    size: int = 1
+
+    def accumulating(self, last: bool) -> AbstractContextManager:
+        """Around each micro-batch: gradients synchronise only on the last one."""
+        return nullcontext()
+
+    def all_true(self, flags: list[bool]) -> list[bool]:
+        """Each flag, and-ed over the replicas (so that all of them skip a step, or none)."""
+        return flags
+
+
+@dataclass
+class RoundResult:
+    """One optimizer step as one replica saw it: its shares of the diagnostics and of the
+    value loss, and what every replica agrees on (gradient norm, skipped updates)."""
+
+    diagnostics: Diagnostics
+    value_loss: float | None = None  # None without a critic
+    value_clip: float | None = None
+    grad_norm: float | None = None  # None when the policy is not trained (critic warm-up)
+    skipped: bool = False
 
 
 def minibatch_rows(rows: int, minibatches: int, generator: torch.Generator) -> list[Tensor]:
@@ -42,12 +114,31 @@ def minibatch_rows(rows: int, minibatches: int, generator: torch.Generator) -> l
     return [part for part in torch.tensor_split(order, minibatches) if len(part)]
 
 
+def update_plan(rows: int, epochs: int, minibatches: int,
+                generator: torch.Generator) -> list[Tensor]:
+    """The rows of every optimizer step on a batch, in order (epochs x minibatches)."""
+    return [part for _ in range(epochs) for part in minibatch_rows(rows, minibatches, generator)]
+
+
 def length_sorted(rows: Tensor, batch: TrainBatch) -> Tensor:
     """``rows`` longest first, so each micro-batch pads only to its own longest sequence.
     The minibatch's loss is normalised by global counts, so the split changes no gradient."""
     lengths = [len(batch.prompt_ids[i]) + int(batch.lengths[i]) for i in rows.tolist()]
     order = sorted(range(len(lengths)), key=lambda k: -lengths[k])
     return rows[torch.tensor(order, dtype=torch.long)]
+
+
+def replica_micro_batches(rows: Tensor, rank: int, size: int, micro_batch_size: int,
+                          order=None) -> list[tuple[Tensor, float]]:
+    """``(rows, weight)`` of the micro-batches replica ``rank`` of ``size`` runs for one
+    minibatch: its contiguous share, reordered by ``order`` (e.g. :func:`length_sorted`), in
+    micro-batches. A replica whose share is empty runs one row with weight 0 (no gradient, no
+    diagnostics), so that every replica takes part in the gradient all-reduce."""
+    share = torch.tensor_split(rows, size)[rank]
+    if not len(share):
+        return [(rows[:1], 0.0)]
+    share = order(share) if order is not None else share
+    return [(micro, 1.0) for micro in torch.split(share, micro_batch_size)]
 
 
 def average_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
@@ -61,85 +152,150 @@ def average_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
-def run_updates(policy_lm, optimizer, batch: TrainBatch, recipe: Recipe, loss_cfg: PolicyLossConfig,
-                settings: UpdateSettings, generator: torch.Generator,
-                critic=None, critic_optimizer=None) -> dict[str, float]:
-    """All update rounds on ``batch``; returns metrics averaged over the rounds."""
+def merge_replicas(per_replica: list[list[RoundResult]]) -> list[RoundResult]:
+    """The results of every replica, round by round, as one process would have seen them."""
+    merged = []
+    for results in zip(*per_replica, strict=True):
+        diagnostics = Diagnostics()
+        for result in results:
+            diagnostics = diagnostics.merge(result.diagnostics)
+        first = results[0]
+        merged.append(RoundResult(
+            diagnostics,
+            None if first.value_loss is None else sum(r.value_loss for r in results),
+            None if first.value_clip is None else sum(r.value_clip for r in results),
+            first.grad_norm, any(r.skipped for r in results)))
+    return merged
+
+
+def round_metrics(result: RoundResult) -> dict[str, float]:
+    metrics = result.diagnostics.finish()
+    if result.grad_norm is not None:
+        metrics["grad/norm"] = result.grad_norm
+    if result.value_loss is not None:
+        metrics["loss/value"] = result.value_loss
+        metrics["value/clip_frac"] = result.value_clip
+    if result.skipped:
+        metrics["guard/skipped_updates"] = 1.0
+    return metrics
+
+
+def run_updates(models: Trainable, batch: TrainBatch, recipe: Recipe, loss_cfg: PolicyLossConfig,
+                settings: UpdateSettings, plan: list[Tensor],
+                replica: Replica | None = None) -> list[RoundResult]:
+    """One optimizer step per entry of ``plan`` (rows of ``batch``); this replica's results."""
+    replica = replica or Replica()
+    return [_update_round(models, batch, rows, recipe, loss_cfg, settings, replica)
+            for rows in plan]
+
+
+def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Recipe,
+                  loss_cfg: PolicyLossConfig, settings: UpdateSettings,
+                  replica: Replica) -> RoundResult:
+    counts = BatchCounts.of(batch.response_mask[rows])  # of the whole minibatch, all replicas
+    result = RoundResult(Diagnostics())
+    if models.critic is not None:
+        result.value_loss = result.value_clip = 0.0
+    models.optimizer.zero_grad(set_to_none=True)
+    if models.critic_optimizer is not None:
+        models.critic_optimizer.zero_grad(set_to_none=True)
+    finite = [True, True]  # policy, critic
+    micros = replica_micro_batches(rows, replica.rank, replica.size, settings.micro_batch_size,
+                                   order=lambda share: length_sorted(share, batch))
+    # one autocast region per minibatch: its cache casts each weight to bf16 once, not once
+    # per micro-batch (the weights only change at the optimizer step)
+    with autocast(settings.precision, torch.device(settings.device).type):
+        for index, (micro, weight) in enumerate(micros):
+            with replica.accumulating(last=index == len(micros) - 1):
+                micro_finite = _micro_step(models, batch, micro, weight * replica.size, recipe,
+                                           loss_cfg, counts, settings, result)
+            finite = [a and b for a, b in zip(finite, micro_finite, strict=True)]
+    policy_finite, critic_finite = replica.all_true(finite)
+    if settings.train_policy:
+        params = [p for p in models.policy.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm or float("inf"))
+        result.grad_norm = float(norm)
+        if policy_finite and torch.isfinite(norm):
+            models.optimizer.step()
+        else:  # guard: never let a NaN or inf reach the weights
+            models.optimizer.zero_grad(set_to_none=True)
+            result.skipped = True
+    if models.critic is not None:
+        if critic_finite:
+            models.critic_optimizer.step()
+        else:
+            models.critic_optimizer.zero_grad(set_to_none=True)
+            result.skipped = True
+    return result
+
+
+def _micro_step(models: Trainable, batch: TrainBatch, micro: Tensor, scale: float,
+                recipe: Recipe, loss_cfg: PolicyLossConfig, counts: BatchCounts,
+                settings: UpdateSettings, result: RoundResult) -> tuple[bool, bool]:
+    """Forward and backward of one micro-batch, its shares added to ``result``. ``scale`` is
+    the number of replicas (DDP averages their gradients: this turns the average back into
+    the sum of the shares), or 0 for a replica's weight-0 row. Returns whether the policy
+    and the critic losses were finite."""
     need_entropy_grad = loss_cfg.entropy_coef > 0 or (
         loss_cfg.ratio == "hybrid" and loss_cfg.hybrid_mixing == "entropy")
-    params = [p for p in policy_lm.parameters() if p.requires_grad]
-    rounds: list[dict[str, float]] = []
-    for _ in range(settings.epochs):
-        for rows in minibatch_rows(batch.rows, settings.minibatches, generator):
-            counts = BatchCounts.of(batch.response_mask[rows])
-            diagnostics = Diagnostics()
-            value_terms: list[tuple[float, float]] = []
-            optimizer.zero_grad(set_to_none=True)
-            if critic_optimizer is not None:
-                critic_optimizer.zero_grad(set_to_none=True)
-            finite = True
-            # one autocast region per minibatch: its cache casts each weight to bf16 once,
-            # not once per micro-batch (the weights only change at the optimizer step)
-            with autocast(settings.precision):
-                for micro in torch.split(length_sorted(rows, batch), settings.micro_batch_size):
-                    sequences = batch.sequences(micro, settings.pad_id)
-                    width = sequences.input_ids.shape[1] - sequences.prompt_width
-                    mask = batch.response_mask[micro, :width]
-                    if settings.train_policy:
-                        micro_diagnostics, micro_finite = _policy_micro_step(
-                            policy_lm, sequences, batch, micro, width, mask, loss_cfg, counts,
-                            settings.temperature, need_entropy_grad)
-                        diagnostics = diagnostics.merge(micro_diagnostics)
-                        finite &= micro_finite
-                    if critic is not None:
-                        value_terms.append(_critic_micro_step(
-                            critic, sequences, batch, micro, width, mask, recipe, loss_cfg,
-                            counts))
-            metrics = diagnostics.finish()
-            if settings.train_policy:
-                max_norm = settings.max_grad_norm or float("inf")
-                norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-                metrics["grad/norm"] = float(norm)
-                if finite and torch.isfinite(norm):
-                    optimizer.step()
-                else:  # guard: never let a NaN or inf reach the weights
-                    optimizer.zero_grad(set_to_none=True)
-                    metrics["guard/skipped_updates"] = 1.0
-            if critic is not None:
-                metrics["loss/value"] = sum(v for v, _ in value_terms)
-                metrics["value/clip_frac"] = sum(c for _, c in value_terms)
-                if math.isfinite(metrics["loss/value"]):
-                    critic_optimizer.step()
-                else:
-                    critic_optimizer.zero_grad(set_to_none=True)
-                    metrics["guard/skipped_updates"] = 1.0
-            rounds.append(metrics)
-    return average_rounds(rounds)
+    sequences = _on(batch.sequences(micro, settings.pad_id), settings.device)
+    width = sequences.input_ids.shape[1] - sequences.prompt_width
+    mask = batch.response_mask[micro, :width].to(settings.device)
+    policy_finite = critic_finite = True
+    if settings.train_policy:
+        diagnostics, policy_finite = _policy_micro_step(
+            models.policy, sequences, batch, micro, width, mask, loss_cfg, counts, settings,
+            need_entropy_grad, scale)
+        if scale:
+            result.diagnostics = result.diagnostics.merge(diagnostics)
+    if models.critic is not None:
+        value, clip_share = _critic_micro_step(models.critic, sequences, batch, micro, width,
+                                               mask, recipe, loss_cfg, counts, settings.device,
+                                               scale)
+        critic_finite = math.isfinite(value)
+        if scale:
+            result.value_loss += value
+            result.value_clip += clip_share
+    return policy_finite, critic_finite
 
 
-def _policy_micro_step(policy_lm, sequences, batch: TrainBatch, micro: Tensor, width: int,
+def _on(sequences: SequenceBatch, device: str) -> SequenceBatch:
+    if device == "cpu":
+        return sequences
+    return dataclasses.replace(sequences, input_ids=sequences.input_ids.to(device),
+                               attention_mask=sequences.attention_mask.to(device),
+                               position_ids=sequences.position_ids.to(device))
+
+
+def _rows(tensor: Tensor | None, micro: Tensor, width: int, device: str) -> Tensor | None:
+    return None if tensor is None else tensor[micro, :width].to(device)
+
+
+def _policy_micro_step(policy, sequences, batch: TrainBatch, micro: Tensor, width: int,
                        mask: Tensor, loss_cfg: PolicyLossConfig, counts: BatchCounts,
-                       temperature: float, need_entropy_grad: bool) -> tuple[Diagnostics, bool]:
-    logp, entropy = response_logprobs(policy_lm, sequences, temperature, with_entropy=True,
-                                      entropy_grad=need_entropy_grad)
-    old = batch.old_logp[micro, :width] if batch.old_logp is not None else logp.detach()
-    ref = batch.ref_logp[micro, :width] if batch.ref_logp is not None else None
-    out = policy_loss(PolicyLossInputs(logp, old, batch.advantages[micro, :width], mask, ref,
-                                       entropy), loss_cfg, counts)
-    finite = bool(torch.isfinite(out.loss))
-    if finite:
-        out.loss.backward()
-    return out.diagnostics, finite
+                       settings: UpdateSettings, need_entropy_grad: bool,
+                       scale: float) -> tuple[Diagnostics, bool]:
+    logp, entropy = policy(sequences, settings.temperature, need_entropy_grad)
+    old = _rows(batch.old_logp, micro, width, settings.device)
+    ref = _rows(batch.ref_logp, micro, width, settings.device)
+    advantages = _rows(batch.advantages, micro, width, settings.device)
+    out = policy_loss(PolicyLossInputs(logp, logp.detach() if old is None else old, advantages,
+                                       mask, ref, entropy), loss_cfg, counts)
+    # always backward, even a non-finite loss: data-parallel replicas must all take part in
+    # the gradient all-reduce; the non-finite step is then skipped by every replica
+    (out.loss * scale).backward()
+    return out.diagnostics, bool(torch.isfinite(out.loss))
 
 
 def _critic_micro_step(critic, sequences, batch: TrainBatch, micro: Tensor, width: int,
                        mask: Tensor, recipe: Recipe, loss_cfg: PolicyLossConfig,
-                       counts: BatchCounts) -> tuple[float, float]:
+                       counts: BatchCounts, device: str, scale: float) -> tuple[float, float]:
     """PPO's clipped value loss (ALGORITHMS.md §5), aggregated like the policy loss."""
-    values = critic.values(sequences)
-    per_token, clipped = clipped_value_loss(values, batch.old_values[micro, :width],
-                                            batch.returns[micro, :width], recipe.value_clip)
+    values = critic(sequences)
+    per_token, clipped = clipped_value_loss(values, _rows(batch.old_values, micro, width, device),
+                                            _rows(batch.returns, micro, width, device),
+                                            recipe.value_clip)
     loss = aggregate(per_token, mask, loss_cfg.aggregation, counts, loss_cfg.norm_constant)
-    (recipe.vf_coef * loss).backward()
+    (recipe.vf_coef * loss * scale).backward()
     clip_share = aggregate(clipped.float(), mask, "token_mean", counts)
     return float(loss.detach()), float(clip_share)
