@@ -8,6 +8,7 @@ import math
 import os
 import random
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -182,7 +183,10 @@ class Trainer:
             update_metrics = self._update(batch)
             timings["train"] = time.perf_counter() - t
         self._guard(update_metrics.pop("guard/skipped_updates", 0.0) > 0, update_metrics)
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            if self.cluster is not None:  # here the optimizer holds the schedule; workers step
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
+            self.scheduler.step()
         self.step += 1
         metrics = step_metrics(self, collected, batch, update_metrics, timings,
                                time.perf_counter() - started)

@@ -1,0 +1,74 @@
+"""Waiting on Ray actors, and saying which one failed.
+
+A dead actor (killed, out of memory, its node lost) is reported by name, e.g. ``rollout
+worker 2/2``, with what to do next: the driver keeps checkpoints, so the run continues from
+the last one with ``resume=auto``. An error a user can act on (a ``PostRLError`` raised inside
+a worker) is re-raised as it is; any other exception in a worker is a bug and keeps Ray's
+traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from postrl.errors import PostRLError
+
+# once one worker has failed, how long its peers get to report (a peer blocked in a
+# collective with a dead worker usually fails within this; if not, the dead one is named)
+GRACE_S = 3.0
+
+
+class WorkerError(PostRLError):
+    """A Ray actor of the run (rollout or trainer worker) died."""
+
+
+def gather(futures: Sequence[ray.ObjectRef], names: Sequence[str], resume_hint: str) -> list[Any]:
+    """``ray.get`` of every future, in order. The first failure raises: a dead actor as a
+    :class:`WorkerError` naming it (preferred over errors of its peers), a ``PostRLError``
+    from inside a worker as itself."""
+    pending = list(futures)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        failure = _failure(done[0])
+        if failure is not None:
+            more, _ = ray.wait(pending, num_returns=len(pending), timeout=GRACE_S)
+            failures = [(done[0], failure)] + [(f, e) for f in more
+                                               if (e := _failure(f)) is not None]
+            _raise(failures, futures, names, resume_hint)
+    return ray.get(list(futures))
+
+
+def _failure(future: ray.ObjectRef) -> Exception | None:
+    try:
+        ray.get(future)
+    except (RayActorError, RayTaskError) as err:
+        return err
+    return None
+
+
+def _raise(failures, futures, names, resume_hint: str) -> None:
+    index = {future: i for i, future in enumerate(futures)}
+    dead = [(f, e) for f, e in failures if isinstance(e, RayActorError)]
+    future, err = (dead or failures)[0]
+    name = names[index[future]]
+    if isinstance(err, RayActorError):
+        raise WorkerError(f"{name} died ({_reason(err)}). {resume_hint}") from None
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, PostRLError):
+        raise cause from None
+    raise err
+
+
+def _reason(err: RayActorError) -> str:
+    """The short reason Ray gives for a dead actor (its messages run to many lines)."""
+    text = str(err)
+    for marker in ("killed by", "SIGKILL", "out of memory", "OOM", "intentionally killed",
+                   "exited", "node"):
+        for line in text.splitlines():
+            if marker in line:
+                return line.strip()[:300]
+    return text.strip().splitlines()[0][:300] if text.strip() else type(err).__name__

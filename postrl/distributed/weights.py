@@ -1,0 +1,37 @@
+"""Moving weights between replicas: only what training changes (the trainable parameters),
+under the names of the Hugging Face module, on the CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+def trainable_state(module: nn.Module) -> dict[str, Tensor]:
+    """The trainable parameters of ``module`` by name (LoRA: only the adapters), CPU copies."""
+    return {name: param.detach().to("cpu", copy=True)
+            for name, param in module.named_parameters() if param.requires_grad}
+
+
+@torch.no_grad()
+def load_trainable(module: nn.Module, state: dict[str, Tensor]) -> None:
+    """Copy ``state`` (from :func:`trainable_state`) into the parameters of the same names."""
+    params = dict(module.named_parameters())
+    missing = sorted(set(state) - set(params))
+    if missing:
+        raise KeyError(f"no parameters named {missing[:3]} in {type(module).__name__}")
+    for name, value in state.items():
+        params[name].copy_(value)
+
+
+def to_cpu(value: Any) -> Any:
+    """``value`` (nested dicts/lists of tensors, e.g. an optimizer's state) with CPU tensors."""
+    if isinstance(value, Tensor):
+        return value.to("cpu")
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(to_cpu(v) for v in value)
+    return value
