@@ -69,17 +69,18 @@ def connect(address: str | None) -> bool:
 
 
 def actor_resources(cfg, actors: int) -> tuple[float, float]:
-    """``(cpus, gpus)`` each actor reserves; ``worker_cpus=null`` shares the free CPUs evenly.
-    A cluster without room for every actor is an error naming the option."""
-    free = ray.available_resources()
-    cpus = cfg.worker_cpus if cfg.worker_cpus is not None else free.get("CPU", 0) / actors
-    if cpus <= 0 or cpus * actors > free.get("CPU", 0) + 1e-9:
+    """``(cpus, gpus)`` each actor reserves; ``worker_cpus=null`` shares the cluster's CPUs
+    evenly. A cluster that can never hold every actor is an error naming the option (one that
+    is busy with other work holds the actors back until it has room, as Ray does)."""
+    total = ray.cluster_resources()
+    cpus = cfg.worker_cpus if cfg.worker_cpus is not None else total.get("CPU", 0) / actors
+    if cpus <= 0 or cpus * actors > total.get("CPU", 0) + 1e-9:
         raise ConfigError(f"worker_cpus: {actors} actors (rollout_workers + train_workers) "
-                          f"x {cpus:g} CPUs do not fit the {free.get('CPU', 0):g} free CPUs "
+                          f"x {cpus:g} CPUs do not fit the {total.get('CPU', 0):g} CPUs "
                           "of the Ray cluster; lower worker_cpus or the worker counts")
-    if cfg.worker_gpus * actors > free.get("GPU", 0) + 1e-9:
+    if cfg.worker_gpus * actors > total.get("GPU", 0) + 1e-9:
         raise ConfigError(f"worker_gpus: {actors} actors x {cfg.worker_gpus:g} GPUs do not fit "
-                          f"the {free.get('GPU', 0):g} free GPUs of the Ray cluster")
+                          f"the {total.get('GPU', 0):g} GPUs of the Ray cluster")
     return cpus, cfg.worker_gpus
 
 

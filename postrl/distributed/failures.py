@@ -9,6 +9,7 @@ traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,7 +57,8 @@ def _raise(failures, futures, names, resume_hint: str) -> None:
     future, err = (dead or failures)[0]
     name = names[index[future]]
     if isinstance(err, RayActorError):
-        raise WorkerError(f"{name} died ({_reason(err)}). {resume_hint}") from None
+        raise WorkerError(f"{name} died ({_reason(err)}; killed, out of memory or crashed). "
+                          f"{resume_hint}") from None
     cause = getattr(err, "cause", None)
     if isinstance(cause, PostRLError):
         raise cause from None
@@ -64,11 +66,8 @@ def _raise(failures, futures, names, resume_hint: str) -> None:
 
 
 def _reason(err: RayActorError) -> str:
-    """The short reason Ray gives for a dead actor (its messages run to many lines)."""
-    text = str(err)
-    for marker in ("killed by", "SIGKILL", "out of memory", "OOM", "intentionally killed",
-                   "exited", "node"):
-        for line in text.splitlines():
-            if marker in line:
-                return line.strip()[:300]
-    return text.strip().splitlines()[0][:300] if text.strip() else type(err).__name__
+    """What Ray says about a dead actor, in one sentence (its messages run to many lines)."""
+    text = " ".join(str(err).split())
+    detail = re.search(r"exit detail: ([^.]*)", text)
+    sentence = detail.group(1) if detail else text.split(". ")[0]
+    return f"its process ended: {sentence.strip()[:200]}"

@@ -1,0 +1,167 @@
+"""launcher=ray on a real local Ray cluster (2 CPUs), the tiny model, a real gloo group:
+2 rollout actors and 2 DDP trainer workers give the run of one process (same completions,
+per-step losses and parameters to 1e-5); a dead actor is named, and resume=auto finishes."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+import postrl  # noqa: E402
+from postrl.cli import main  # noqa: E402
+from postrl.config import load_config  # noqa: E402
+from postrl.distributed import WorkerError  # noqa: E402
+from postrl.train.trainer import Trainer  # noqa: E402
+from postrl.train.update import (  # noqa: E402
+    TokenScorer,
+    Trainable,
+    UpdateSettings,
+    merge_replicas,
+    run_updates,
+)
+
+REWARDS = Path(__file__).parents[1] / "train" / "rewards_for_tests.py"
+CLOCK = ("time/", "throughput/")
+RAY = ["launcher=ray", "rollout_workers=2", "train_workers=2", "worker_cpus=0.5"]
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    """One local Ray instance for the module; the trainers join it."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"py_modules": [postrl]})
+    yield
+    ray.shutdown()
+
+
+def options(out: Path, recipe: str, *extra: str) -> list[str]:
+    # two update rounds per batch (epochs x minibatches) exercise the driver-drawn shuffle and
+    # the off-policy path; micro_batch_size=3 splits rows differently from the 2-row shares
+    return [f"recipe={recipe}", "model=tiny", "task=arithmetic", "steps=3", "prompts_per_step=2",
+            "group_size=4", "max_new_tokens=8", f"out={out}", "lr=1e-3", "quiet=true",
+            f"rewards=[{REWARDS}:length_parity]", "micro_batch_size=3", "threads=1",
+            "minibatches=2", "epochs=2", "log_samples=8", *extra]
+
+
+def metrics(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(CLOCK)} for r in rows]
+
+
+def completions(run: Path) -> list[str]:
+    return [json.loads(line)["completion"]
+            for line in (run / "samples.jsonl").read_text().splitlines()]
+
+
+def max_param_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a.state_dict().values(),
+                                                          b.state_dict().values(), strict=True))
+
+
+@pytest.fixture(scope="module")
+def grpo_on_ray(tmp_path_factory):
+    """A 3-step GRPO run on 2 rollout actors and 2 trainer workers (shared by two tests)."""
+    out = tmp_path_factory.mktemp("ray") / "grpo"
+    trainer = Trainer(load_config(None, options(out, "grpo", *RAY)))
+    trainer.train()
+    return out, trainer
+
+
+@pytest.mark.parametrize("recipe", ["grpo", "ppo"])
+def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, grpo_on_ray):
+    single = Trainer(load_config(None, options(tmp_path / "single", recipe)))
+    single.train()
+    if recipe == "grpo":
+        out, distributed = grpo_on_ray
+    else:
+        out = tmp_path / "ray"
+        distributed = Trainer(load_config(None, options(out, recipe, *RAY)))
+        distributed.train()
+    assert completions(out) == completions(tmp_path / "single")
+    expected, got = metrics(tmp_path / "single"), metrics(out)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    for want, have in zip(expected, got, strict=True):
+        assert want.keys() == have.keys()
+        for key, value in want.items():
+            assert have[key] == pytest.approx(value, rel=TOLERANCE, abs=TOLERANCE), key
+    assert max_param_diff(single.lm, distributed.lm) < TOLERANCE
+    if recipe == "ppo":
+        assert max_param_diff(single.critic, distributed.critic) < TOLERANCE
+
+
+def test_uneven_and_empty_shares_give_the_update_of_one_process(tmp_path):
+    """One fixed batch, a plan with a 1-row minibatch (worker 2 has no row: it runs a
+    weight-0 row to join the all-reduce) and a 3-row one (shares of 2 and 1)."""
+    trainer = Trainer(load_config(None, options(tmp_path / "ray", "grpo", "steps=1",
+                                                "launcher=ray", "train_workers=2",
+                                                "worker_cpus=0.5")))
+    local = Trainer(load_config(None, options(tmp_path / "local", "grpo", "steps=1")))
+    try:
+        timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
+        from postrl.train.batch import assemble
+
+        batch = assemble(local._generate_round(0, timings), overlong_filter=False)
+        local._prepare(batch)
+        plan = [torch.tensor([6]), torch.tensor([0, 3, 5]), torch.tensor([1, 2, 4, 7])]
+        settings = UpdateSettings(epochs=1, minibatches=3, micro_batch_size=2, temperature=1.0,
+                                  max_grad_norm=1.0, pad_id=local.engine.pad_id)
+        distributed = trainer.cluster.update(batch, settings, plan, lr=1e-3)
+        local.policy.train()
+        expected = run_updates(Trainable(TokenScorer(local.lm), local.optimizer), batch,
+                               local.recipe, local.loss_cfg, settings, plan)
+        assert max_param_diff(local.lm, trainer.lm) < TOLERANCE
+        for want, have in zip(merge_replicas([expected]), distributed, strict=True):
+            assert have.grad_norm == pytest.approx(want.grad_norm, rel=TOLERANCE)
+            finished = have.diagnostics.finish()
+            for key, value in want.diagnostics.finish().items():
+                assert finished[key] == pytest.approx(value, rel=TOLERANCE, abs=1e-7), key
+    finally:
+        trainer.cluster.close()
+
+
+def kill(actor) -> None:
+    os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
+
+
+def test_a_dead_rollout_worker_is_named_and_resume_finishes_the_run(tmp_path, grpo_on_ray,
+                                                                    capsys):
+    out = tmp_path / "killed"
+    trainer = Trainer(load_config(None, options(out, "grpo", *RAY, "save_every=1")))
+    update = trainer._update
+
+    def update_then_kill(batch):
+        result = update(batch)
+        if trainer.step == 1:  # after step 2's update (step counts from 0): step 3 fails
+            kill(trainer.cluster.rollout.actors[1])
+        return result
+
+    trainer._update = update_then_kill
+    with pytest.raises(WorkerError, match=r"^rollout worker 2/2 died \(its process ended.*"
+                                          r"rerun it with resume=auto$"):
+        trainer.train()
+    assert [r["step"] for r in metrics(out)] == [1, 2]  # step 3 never logged
+    assert main(["train", *options(out, "grpo", *RAY, "save_every=1", "resume=auto")]) == 0
+    assert "saved" in capsys.readouterr().out
+    # the resumed run is the uninterrupted one, line for line
+    reference, _ = grpo_on_ray
+    assert metrics(out) == metrics(reference)
+
+
+def test_a_dead_train_worker_is_named(tmp_path):
+    trainer = Trainer(load_config(None, options(tmp_path / "run", "grpo", *RAY)))
+    prepare = trainer._prepare
+
+    def prepare_then_kill(batch):
+        prepare(batch)
+        kill(trainer.cluster.trainers.actors[0])
+
+    trainer._prepare = prepare_then_kill
+    with pytest.raises(WorkerError, match=r"^train worker 1/2 died .*This run writes no "
+                                          r"checkpoints \(save_every=0\)"):
+        trainer.train()
