@@ -60,7 +60,7 @@ def build_engine(cfg: TrainConfig, policy_state: dict) -> tuple[object, Callable
     if cfg.rollout_backend == "vllm":
         from postrl.rollout.vllm import VLLMRolloutEngine
 
-        engine = VLLMRolloutEngine.from_policy(lm, tokenizer, cfg)
+        engine = VLLMRolloutEngine.from_policy(lm, tokenizer, cfg.precision)
         return engine, engine.load_weights
     engine = HFRolloutEngine(lm, tokenizer, batch_size=None, precision=cfg.precision)
     return engine, lambda weights: load_trainable(lm, weights)

@@ -109,10 +109,15 @@ class Trainer:
         self.resumed_from = resume(self) if cfg.resume != "no" else None
         self.cluster = None
         if cfg.launcher == "ray":  # rollout actors and trainer workers start from this state
-            from postrl.distributed import start_cluster
+            from postrl.distributed.cluster import start_cluster
 
             self.cluster = start_cluster(self)
             self.engine = self.cluster.rollout
+        elif cfg.rollout_backend == "vllm":  # holds its own copy of the (resumed) weights
+            from postrl.rollout.vllm import VLLMRolloutEngine
+
+            self.engine = VLLMRolloutEngine.from_policy(self.lm, self.tokenizer,
+                                                           cfg.precision)
 
     # ---- schedule -------------------------------------------------------------------------
     def _lr_factor(self, step: int) -> float:
@@ -327,6 +332,10 @@ class Trainer:
                                ValueScorer(self.critic) if self.critic else None,
                                self.critic_optimizer)
             results = run_updates(models, batch, self.recipe, self.loss_cfg, settings, plan)
+            if self.cfg.rollout_backend == "vllm":  # the engine's copy of the weights
+                from postrl.distributed.weights import trainable_state
+
+                self.engine.load_weights(trainable_state(self.lm))
         return average_rounds([round_metrics(r) for r in results])
 
     def _log_samples(self, collected: Collected) -> None:
