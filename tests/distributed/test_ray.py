@@ -5,6 +5,8 @@ per-step losses and parameters to 1e-5); a dead actor is named, and resume=auto 
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,3 +167,15 @@ def test_a_dead_train_worker_is_named(tmp_path):
     with pytest.raises(WorkerError, match=r"^train worker 1/2 died .*This run writes no "
                                           r"checkpoints \(save_every=0\)"):
         trainer.train()
+
+
+def test_without_a_ray_session_the_cli_starts_a_local_instance_and_stops_it(tmp_path):
+    """A fresh process with no Ray session and no ray_address: postrl starts a local Ray
+    instance, ships its own code to the workers, trains, and shuts the instance down."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    run = subprocess.run([sys.executable, "-m", "postrl.cli", "train",
+                          *options(tmp_path / "run", "grpo", "steps=1", "launcher=ray")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Started a local Ray instance" in run.stderr
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
