@@ -37,9 +37,9 @@ class Cluster:
         """Train every worker on its share, then send the new weights to the rollout actors
         and into the driver's copy (for the next step's forwards, evaluation, checkpoints)."""
         results = self.trainers.update(batch, settings, plan, lr)
-        weights = self.trainers.weights()
-        self.rollout.load_weights(weights)
-        load_trainable(self.driver_policy, ray.get(weights))
+        reference, weights = self.trainers.weights()
+        self.rollout.load_weights(reference)
+        load_trainable(self.driver_policy, weights)
         if self.driver_critic is not None:
             load_trainable(self.driver_critic, self.trainers.critic_weights())
         return results

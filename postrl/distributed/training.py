@@ -173,9 +173,12 @@ class TrainGroup:
         """Every worker trains on its share; the results merged as one process's."""
         return merge_replicas(self._all("update", ray.put(batch), settings, plan, lr))
 
-    def weights(self) -> ray.ObjectRef:
-        """The new policy weights of rank 0 (all replicas are equal), in the object store."""
-        return self.actors[0].weights.remote()
+    def weights(self) -> tuple[ray.ObjectRef, dict[str, Tensor]]:
+        """Rank 0's new trainable policy weights (all replicas are equal): their reference in
+        the object store, for the rollout actors, and their value, for the driver."""
+        reference = self.actors[0].weights.remote()
+        [weights] = gather([reference], self.names[:1], self.resume_hint)
+        return reference, weights
 
     def critic_weights(self) -> dict[str, Tensor] | None:
         [weights] = gather([self.actors[0].critic_weights.remote()], self.names[:1],
