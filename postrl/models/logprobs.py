@@ -62,7 +62,9 @@ def response_logprobs(
     hidden, targets = hidden[scored], batch.input_ids[:, batch.prompt_width:][scored]
     chunk = chunk_rows * max(response_width, 1)
     logps, entropies = [], []
-    for start in range(0, hidden.shape[0], chunk):
+    # at least one (possibly empty) chunk, so that a batch without a scored token still gives
+    # a result attached to the graph (a zero loss that can be back-propagated)
+    for start in range(0, max(hidden.shape[0], 1), chunk):
         logits = model.lm_head(hidden[start : start + chunk]).float()
         if temperature != 1.0:
             logits = logits / temperature
@@ -71,12 +73,11 @@ def response_logprobs(
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 entropies.append(entropy_from_logits(logits))
-    logp = _unflatten(logps, scored, hidden)
-    return logp, _unflatten(entropies, scored, hidden) if with_entropy else None
+    return _unflatten(logps, scored), _unflatten(entropies, scored) if with_entropy else None
 
 
-def _unflatten(parts: list[Tensor], scored: Tensor, like: Tensor) -> Tensor:
+def _unflatten(parts: list[Tensor], scored: Tensor) -> Tensor:
     """``[N, T]`` with the scored positions filled from ``parts`` (in order), 0 elsewhere."""
-    flat = torch.cat(parts) if parts else like.new_zeros(0, dtype=torch.float32)
+    flat = torch.cat(parts)
     return torch.zeros(scored.shape, dtype=flat.dtype, device=flat.device).masked_scatter(
         scored, flat)

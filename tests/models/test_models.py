@@ -116,3 +116,20 @@ def test_real_smollm2_loads_from_the_wheel_generates_and_trains_one_step(tmp_pat
     assert metrics["grad/norm"] > 0
     assert not torch.equal(before, trainer.lm.model.embed_tokens.weight)
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def test_logprobs_of_a_batch_without_scored_tokens_are_zero_and_back_propagate(tiny):
+    """A micro-batch whose responses are all masked (e.g. every row overlong-filtered) gives
+    zero log-probs that still belong to the graph, so its zero loss can be back-propagated."""
+    model, tokenizer = tiny
+    prompts = [tokenizer("What is 2 + 3?", add_special_tokens=False).input_ids] * 2
+    responses = torch.tensor([[17, 18, 19], [20, 21, 22]])
+    batch = SequenceBatch.build(prompts, responses, torch.zeros(2, 3, dtype=torch.bool),
+                                tokenizer.pad_token_id)
+    logp, entropy = response_logprobs(model, batch, with_entropy=True)
+    assert logp.shape == entropy.shape == (2, 3)
+    assert torch.equal(logp, torch.zeros(2, 3)) and logp.requires_grad
+    logp.sum().backward()
+    assert all(p.grad is None or torch.equal(p.grad, torch.zeros_like(p))
+               for p in model.parameters())
+    model.zero_grad(set_to_none=True)
