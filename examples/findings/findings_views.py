@@ -45,6 +45,13 @@ COMMON_ROWS = (
 )
 
 
+def drift_rows(key: str, label: str, metric: str) -> tuple[Row, Row, Row]:
+    """``KEY_early``, ``KEY_late`` and ``KEY_change`` (late - early) of one metric."""
+    return (Row(f"{key}_early", f"{label}, early", early(metric)),
+            Row(f"{key}_late", f"{label}, late", late(metric)),
+            Row(f"{key}_change", f"{label}, late - early", change(metric)))
+
+
 def _panel(name: str) -> Panel:
     return next(p for p in plots.PANELS if p.filename == f"{name}.png")
 
@@ -64,18 +71,9 @@ VIEWS: dict[str, View] = {
     "length": View(
         rows=(
             Row("acc_late", "accuracy of sampled answers, late", late("accuracy/mean")),
-            Row("len_correct_early", "length of correct answers, early", early(
-                "length/correct_mean")),
-            Row("len_correct_late", "length of correct answers, late", late(
-                "length/correct_mean")),
-            Row("len_correct_change", "length of correct answers, late - early", change(
-                "length/correct_mean")),
-            Row("len_incorrect_early", "length of incorrect answers, early", early(
-                "length/incorrect_mean")),
-            Row("len_incorrect_late", "length of incorrect answers, late", late(
-                "length/incorrect_mean")),
-            Row("len_incorrect_change", "length of incorrect answers, late - early", change(
-                "length/incorrect_mean")),
+            *drift_rows("len_correct", "length of correct answers", "length/correct_mean"),
+            *drift_rows("len_incorrect", "length of incorrect answers",
+                        "length/incorrect_mean"),
             Row("truncated_late", "share truncated at max_new_tokens, late", late(
                 "length/truncated_frac")),
             Row("entropy_late", "entropy (nats/token), late", late("entropy/mean")),
