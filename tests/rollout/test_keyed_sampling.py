@@ -80,7 +80,7 @@ def test_dropping_finished_rows_changes_no_token(engine, monkeypatch):
 
 def test_bf16_engine_samples_from_a_fresh_bf16_copy_of_the_weights(tiny):
     model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
-    engine = HFRolloutEngine(model, tokenizer, precision="bf16")
+    engine = HFRolloutEngine(model, tokenizer, precision="bf16", lean=False)
     ids, greedy = prompts(tokenizer), SamplingParams(temperature=0, max_new_tokens=8)
     engine.generate(ids, 1, greedy, seed=0)
     with torch.no_grad():  # an "optimizer step": the next call must see it
@@ -89,6 +89,21 @@ def test_bf16_engine_samples_from_a_fresh_bf16_copy_of_the_weights(tiny):
     out = engine.generate(ids, 1, greedy, seed=0)
     for mine, theirs in zip(engine._copy.parameters(), model.parameters(), strict=True):
         assert mine.dtype == torch.bfloat16 and torch.equal(mine, theirs.to(torch.bfloat16))
-    by_hand = HFRolloutEngine(copy.deepcopy(model).to(torch.bfloat16), tokenizer)
+    by_hand = HFRolloutEngine(engine._copy, tokenizer, lean=False)
     assert_same(out, by_hand.generate(ids, 1, greedy, seed=0))
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_lean_bf16_engine_samples_from_the_current_weights(tiny):
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
+    engine = HFRolloutEngine(model, tokenizer, precision="bf16")
+    assert engine.lean
+    ids, params = prompts(tokenizer), SamplingParams(temperature=1.0, max_new_tokens=8)
+    before = engine.generate(ids, 2, params, seed=0)
+    with torch.no_grad():  # an "optimizer step": the next call must see it
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    after = engine.generate(ids, 2, params, seed=0)
+    assert not torch.equal(before.logprobs, after.logprobs)
+    fresh = HFRolloutEngine(copy.deepcopy(model), tokenizer, precision="bf16")
+    assert_same(after, fresh.generate(ids, 2, params, seed=0))

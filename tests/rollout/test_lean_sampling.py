@@ -1,0 +1,104 @@
+"""The lean sampling forward (packed weights, static KV cache) samples what transformers' own
+forward samples."""
+
+import copy
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+from postrl.models.logprobs import SequenceBatch, response_logprobs
+from postrl.models.policy import apply_lora
+from postrl.rollout import HFRolloutEngine, SamplingParams
+from postrl.rollout.lean import unsupported_reason
+
+
+def prompts(tokenizer):
+    texts = ["What is 2 + 3?", "Name a colour, please, in one word only.", "Hi"]
+    return [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+
+
+def engines(model, tokenizer, precision="fp32", many_stops=True):
+    lean = HFRolloutEngine(model, tokenizer, precision=precision)
+    plain = HFRolloutEngine(model, tokenizer, precision=precision, lean=False)
+    assert lean.lean and not plain.lean
+    if many_stops:  # rows end early and at different steps, so finished rows get dropped
+        stops = torch.arange(0, len(tokenizer), 97)
+        lean.eos_ids = plain.eos_ids = stops
+    return lean, plain
+
+
+def assert_same_rollouts(a, b, logprob_tol):
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert torch.equal(a.response_mask, b.response_mask)
+    assert a.finish_reasons == b.finish_reasons
+    assert (a.logprobs - b.logprobs).abs().max() < logprob_tol
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_new_tokens=40),
+                                    SamplingParams(temperature=0.7, top_k=50, top_p=0.9,
+                                                   max_new_tokens=40),
+                                    SamplingParams(temperature=0.0, max_new_tokens=12)])
+def test_lean_sampling_matches_transformers_on_tiny_llama(tiny, params):
+    model, tokenizer = tiny
+    lean, plain = engines(model, tokenizer)
+    for seed in range(3):
+        a = lean.generate(prompts(tokenizer), 4, params, seed=seed)
+        b = plain.generate(prompts(tokenizer), 4, params, seed=seed)
+        assert_same_rollouts(a, b, 1e-5)
+    if params.temperature:  # the stop ids did end rows at different steps (compaction ran)
+        assert len(set(a.lengths.tolist())) > 2 and "eos" in a.finish_reasons
+
+
+def test_lean_sampling_matches_transformers_in_bf16(tiny):
+    model, tokenizer = tiny
+    lean, plain = engines(model, tokenizer, precision="bf16")
+    params = SamplingParams(temperature=1.0, max_new_tokens=30)
+    a = lean.generate(prompts(tokenizer), 4, params, seed=5)
+    b = plain.generate(prompts(tokenizer), 4, params, seed=5)
+    assert_same_rollouts(a, b, 1e-2)
+
+
+def test_lean_sampling_matches_transformers_on_a_qwen2_with_biases(tiny):
+    _, tokenizer = tiny
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                         eos_token_id=tokenizer.eos_token_id, attn_implementation="eager")
+    model = Qwen2ForCausalLM(config)
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    lean, plain = engines(model, tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=30)
+    assert_same_rollouts(lean.generate(prompts(tokenizer), 3, params, seed=1),
+                         plain.generate(prompts(tokenizer), 3, params, seed=1), 1e-5)
+
+
+def test_models_the_lean_step_does_not_know_fall_back_to_transformers(tiny):
+    model, tokenizer = tiny
+    assert unsupported_reason(model) is None
+    lora = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "v_proj"])
+    assert "adapters" in unsupported_reason(lora.get_base_model())
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2))
+    assert unsupported_reason(gpt2) == "model type 'gpt2'"
+    engine = HFRolloutEngine(lora.get_base_model(), tokenizer)
+    assert not engine.lean
+    out = engine.generate(prompts(tokenizer), 2, SamplingParams(max_new_tokens=5), seed=0)
+    assert out.response_ids.shape[0] == 6
+
+
+def test_lean_sampling_scores_long_prompts_like_the_float32_policy(tiny):
+    """At positions past 250 (where rotary angles are large), the sampled log-probs are the
+    float32 policy's teacher-forced ones, to float32 or bf16 rounding."""
+    model, tokenizer = tiny
+    long = [tokenizer("count: " + " ".join(str(i) for i in range(150)),
+                      add_special_tokens=False).input_ids, prompts(tokenizer)[0]]
+    assert len(long[0]) > 250
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    for precision, tol in (("fp32", 1e-4), ("bf16", 5e-2)):
+        engine = HFRolloutEngine(model, tokenizer, precision=precision)
+        out = engine.generate(long, 2, params, seed=0)
+        batch = SequenceBatch.build(out.prompt_ids, out.response_ids, out.response_mask,
+                                    engine.pad_id)
+        with torch.no_grad():
+            logp, _ = response_logprobs(model, batch)
+        assert (logp - out.logprobs)[out.response_mask].abs().max() < tol, precision
