@@ -45,10 +45,9 @@ bench: $(BENCH_VENV)/.installed
 # docs/findings.md from scratch: GRPO vs Dr. GRPO (length), the GRPO -> DAPO ladder and
 # GRPO vs GSPO vs DHPO off-policy, 3 seeds each at equal token budgets (examples/findings/),
 # 30 runs on SmolLM2-135M-Instruct into runs/findings/, then the document and its PNGs.
-# About 70 minutes on 2 CPU cores (65-75), estimated from trial steps of 2 prompts x 8 samples:
-# 11-18 s a step, ~38 ms per generated token (36 on-policy, 41 with 4 minibatches), ~9 s per
-# held-out evaluation, ~5 s per run to load and save: length (6 runs) ~21 min, ladder (15)
-# ~28 min, offpolicy (9) ~22 min. Deletes runs/findings first; run it alone on the machine.
+# Measured 2026-11-30 on 2 CPU cores, alone on the machine: 59.8 min (length, 6 runs, 17.4 min;
+# ladder, 15 runs, 21.1 min; offpolicy, 9 runs, 21.4 min). Deletes runs/findings first; run it
+# alone on the machine (other heavy jobs on the same cores make it several times slower).
 findings: $(STAMP)
 	rm -rf runs/findings
 	$(BIN)/python examples/findings/findings_plan.py --out runs/findings
