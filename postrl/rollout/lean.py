@@ -59,7 +59,7 @@ class Linear:
         weight = torch.cat([w.detach() for w in weights]).to(dtype)
         self.bias = (None if biases[0] is None
                      else torch.cat([b.detach() for b in biases]).to(dtype))
-        self.packed = torch.backends.mkldnn.is_available()
+        self.packed = _packable(dtype)
         self.weight = (torch.ops.mkldnn._reorder_linear_weight(weight, max(rows, 1))
                        if self.packed else weight)
 
@@ -67,6 +67,17 @@ class Linear:
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+def _packable(dtype: torch.dtype) -> bool:
+    """oneDNN is there and handles ``dtype`` on this CPU (bf16/fp16 need ISA support)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return dtype == torch.float32
 
 
 @dataclass

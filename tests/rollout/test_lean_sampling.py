@@ -10,7 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausa
 from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.policy import apply_lora
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.rollout.lean import unsupported_reason
+from postrl.rollout.lean import LeanWeights, unsupported_reason
 
 
 def prompts(tokenizer):
@@ -102,3 +102,14 @@ def test_lean_sampling_scores_long_prompts_like_the_float32_policy(tiny):
         with torch.no_grad():
             logp, _ = response_logprobs(model, batch)
         assert (logp - out.logprobs)[out.response_mask].abs().max() < tol, precision
+
+
+def test_without_onednn_the_lean_forward_uses_plain_matmuls(tiny, monkeypatch):
+    model, tokenizer = tiny
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    packed = HFRolloutEngine(model, tokenizer).generate(prompts(tokenizer), 2, params, seed=4)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    weights = LeanWeights.of(model, torch.float32, rows=6)
+    assert not weights.lm_head.packed and weights.lm_head.weight.layout == torch.strided
+    plain = HFRolloutEngine(model, tokenizer).generate(prompts(tokenizer), 2, params, seed=4)
+    assert_same_rollouts(packed, plain, 1e-5)
