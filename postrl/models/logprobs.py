@@ -4,16 +4,23 @@ The batch layout matches the rollout engine: left-padded prompts followed by rig
 responses, so one forward pass scores every response. Only the response tokens go through the
 LM head (not the prompt, not the padding), and the log-softmax is never materialised over the
 whole vocabulary for the whole batch at once: tokens are processed in chunks.
+
+Rows that share a prompt (the G samples of a group) share its forward: each distinct prompt
+runs once, and its keys and values are repeated for its rows' responses (the result is the
+full forward's, up to the order of float sums). With a 45-token chat prompt and G = 8, that
+is most of a group's prompt tokens not recomputed, forward and backward.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
-from postrl.objectives import entropy_from_logits
+from postrl.models.vocab import logprob_and_entropy
 
 
 @dataclass
@@ -51,13 +58,9 @@ def response_logprobs(
     it is a detached diagnostic. Positions outside the response mask hold 0.
     """
     response_width = batch.input_ids.shape[1] - batch.prompt_width
-    hidden = model.model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids, use_cache=False,
-    ).last_hidden_state
-    # the hidden state at column c predicts the token at c + 1; only response tokens (the
-    # attention mask's response part) go through the LM head, chunk_rows * T at a time
-    hidden = hidden[:, batch.prompt_width - 1 : batch.prompt_width - 1 + response_width]
+    hidden = response_hidden(model, batch)
+    # only response tokens (the attention mask's response part) go through the LM head,
+    # chunk_rows * T at a time
     scored = batch.attention_mask[:, batch.prompt_width:].bool()
     hidden, targets = hidden[scored], batch.input_ids[:, batch.prompt_width:][scored]
     chunk = chunk_rows * max(response_width, 1)
@@ -65,15 +68,56 @@ def response_logprobs(
     # at least one (possibly empty) chunk, so that a batch without a scored token still gives
     # a result attached to the graph (a zero loss that can be back-propagated)
     for start in range(0, max(hidden.shape[0], 1), chunk):
-        logits = model.lm_head(hidden[start : start + chunk]).float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        picked = logits.gather(-1, targets[start : start + chunk, None]).squeeze(-1)
-        logps.append(picked - torch.logsumexp(logits, dim=-1))
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropies.append(entropy_from_logits(logits))
+        logp, entropy = logprob_and_entropy(
+            model.lm_head(hidden[start : start + chunk]), targets[start : start + chunk],
+            temperature, entropy_grad and torch.is_grad_enabled())
+        logps.append(logp)
+        entropies.append(entropy)
     return _unflatten(logps, scored), _unflatten(entropies, scored) if with_entropy else None
+
+
+def response_hidden(model, batch: SequenceBatch) -> Tensor:
+    """``[N, T, H]``: the last hidden states that predict each response token (the one at
+    column ``c`` predicts the token at ``c + 1``)."""
+    width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
+    prompts, rows = shared_prompts(batch.input_ids[:, :width])
+    if len(prompts) == len(rows):  # no prompt is shared: one plain forward
+        hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                             position_ids=batch.position_ids, use_cache=False).last_hidden_state
+        return hidden[:, width - 1 : width - 1 + response_width]
+    # each distinct prompt once (identical left-padded rows have identical masks/positions)
+    cache = DynamicCache(config=model.config)
+    keyword = cache_keyword(model.model)
+    prompt = model.model(input_ids=batch.input_ids[prompts, :width],
+                         attention_mask=batch.attention_mask[prompts, :width],
+                         position_ids=batch.position_ids[prompts, :width], use_cache=True,
+                         **{keyword: cache})
+    cache.reorder_cache(rows)  # each row gets its prompt's keys and values (a differentiable
+    # index_select: their gradients add up over the rows of the prompt)
+    last = prompt.last_hidden_state[rows, -1:]  # predicts the first response token
+    if response_width == 1:
+        return last
+    responses = model.model(
+        input_ids=batch.input_ids[:, width:-1], attention_mask=batch.attention_mask[:, :-1],
+        position_ids=batch.position_ids[:, width:-1], use_cache=True,
+        **{keyword: cache}).last_hidden_state
+    return torch.cat([last, responses], dim=1)
+
+
+def cache_keyword(module) -> str:
+    """transformers renamed the ``past_key_values`` argument to ``cache`` (5.2x)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else (
+        "past_key_values")
+
+
+def shared_prompts(prompt_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """``(first, rows)``: the index of the first row of each distinct prompt row, and for
+    every row the position of its prompt in ``first``."""
+    _, rows = torch.unique(prompt_ids, dim=0, return_inverse=True)
+    first = torch.full((int(rows.max()) + 1,), len(rows), dtype=torch.long,
+                       device=rows.device).scatter_reduce(
+        0, rows, torch.arange(len(rows), device=rows.device), reduce="amin")
+    return first, rows
 
 
 def _unflatten(parts: list[Tensor], scored: Tensor) -> Tensor:

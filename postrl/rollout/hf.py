@@ -15,11 +15,11 @@ weights (autocast would re-cast every weight at every token); otherwise in the p
 from __future__ import annotations
 
 import copy
-import inspect
 
 import torch
 from transformers import DynamicCache
 
+from postrl.models.logprobs import cache_keyword
 from postrl.rollout.base import Rollouts, SamplingParams, cat_right_padded
 from postrl.rollout.lean import LeanDecoder, LeanWeights, unsupported_reason
 from postrl.rollout.sampling import next_tokens, row_generators
@@ -41,9 +41,7 @@ class HFRolloutEngine:
         generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos |= set(generation_eos) if isinstance(generation_eos, list) else {generation_eos}
         self.eos_ids = torch.tensor(sorted(e for e in eos if e is not None), dtype=torch.long)
-        # transformers renamed `past_key_values` to `cache` (5.2x); use whichever it takes
-        parameters = inspect.signature(model.forward).parameters
-        self.cache_keyword = "cache" if "cache" in parameters else "past_key_values"
+        self.cache_keyword = cache_keyword(model)
         self._copy = None  # the bf16 sampling copy, made on first use
 
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams,

@@ -1,5 +1,6 @@
 """Model loading (bundled SmolLM2, local directories, tiny), LoRA, reference policy, saving."""
 
+import functools
 import importlib.util
 
 import pytest
@@ -133,3 +134,51 @@ def test_logprobs_of_a_batch_without_scored_tokens_are_zero_and_back_propagate(t
     assert all(p.grad is None or torch.equal(p.grad, torch.zeros_like(p))
                for p in model.parameters())
     model.zero_grad(set_to_none=True)
+
+
+def test_rows_sharing_a_prompt_share_its_forward_and_match_their_own_forwards(tiny):
+    """Two groups with prompts of different lengths, interleaved, responses of different
+    lengths (one of a single token, one fully masked): the shared-prompt forward runs each
+    prompt once and gives each row's log-probs, entropies and parameter gradients as if the
+    row were scored alone."""
+    model, tokenizer = tiny
+    short = tokenizer("What is 1 + 1?", add_special_tokens=False).input_ids
+    long = tokenizer("Add the numbers seven and eight, please.", add_special_tokens=False).input_ids
+    prompts = [short, long, short, long, short, long]
+    generator = torch.Generator().manual_seed(0)
+    responses = torch.randint(5, 100, (6, 5), generator=generator)
+    lengths = torch.tensor([5, 1, 3, 5, 0, 2])
+    mask = torch.arange(5)[None] < lengths[:, None]
+    batch = SequenceBatch.build(prompts, responses, mask, tokenizer.pad_token_id)
+
+    prompt_rows = []
+    forward = model.model.forward
+
+    @functools.wraps(forward)  # keeps its signature (the cache argument's name)
+    def counting(*args, **kwargs):
+        prompt_rows.append(kwargs["input_ids"].shape)
+        return forward(*args, **kwargs)
+
+    model.model.forward = counting
+    try:
+        logp, entropy = response_logprobs(model, batch, temperature=0.7, with_entropy=True)
+    finally:
+        del model.model.forward
+    assert prompt_rows[0] == (2, batch.prompt_width)  # the two distinct prompts, once each
+    assert prompt_rows[1] == (6, 4)  # every row's response but its last token
+    model.zero_grad()
+    (logp * torch.arange(1, 7)[:, None]).sum().backward()
+    shared = {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    model.zero_grad()
+    for row in range(6):
+        alone = SequenceBatch.build([prompts[row]], responses[row : row + 1],
+                                    mask[row : row + 1], tokenizer.pad_token_id)
+        row_logp, row_entropy = response_logprobs(model, alone, temperature=0.7,
+                                                  with_entropy=True)
+        torch.testing.assert_close(logp[row], row_logp[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(entropy[row], row_entropy[0], atol=1e-5, rtol=0)
+        ((row + 1) * row_logp).sum().backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(shared[name], param.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert (logp[4] == 0).all() and (logp[1, 1:] == 0).all()

@@ -1,0 +1,65 @@
+"""Log-probability of the sampled token and entropy of the next-token distribution, from
+logits over the whole vocabulary, in one pass and with a hand-written backward.
+
+Autograd through ``gather - logsumexp`` and a separate entropy would sweep the
+``[tokens, vocab]`` logits about ten times (the log-softmax, the softmax, the products, the
+zero-filled gradient of the gather, the gradient of the logsumexp). Here the forward makes the
+probabilities once and reuses them for the entropy; the backward writes the gradient in closed
+form (``z`` are the temperature-scaled logits, ``p = softmax(z)``, ``H = -sum p log p``):
+
+    d log p_y / d z = onehot(y) - p
+    d H / d z       = -p * (log p + H)
+
+The vocabulary dimension is reduced in float32 whatever the logits' dtype (float64 stays
+float64, which lets ``torch.autograd.gradcheck`` check the backward).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def logprob_and_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0,
+                        entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+    """``(log p(target), entropy)`` per row of ``logits [n, V]`` at ``temperature``; the
+    entropy carries a gradient only with ``entropy_grad``."""
+    logp, entropy = _LogProbEntropy.apply(logits, targets, temperature, entropy_grad)
+    return logp, entropy if entropy_grad else entropy.detach()
+
+
+class _LogProbEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float,
+                entropy_grad: bool) -> tuple[Tensor, Tensor]:
+        z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+        if temperature != 1.0:
+            z = z / temperature
+        top = z.amax(dim=-1, keepdim=True)
+        probs = (z - top).exp_()
+        total = probs.sum(dim=-1, keepdim=True)
+        probs.div_(total)
+        lse = (top + total.log()).squeeze(-1)
+        entropy = lse - torch.bmm(probs.unsqueeze(1), z.unsqueeze(2)).view(-1)
+        logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        ctx.temperature, ctx.dtype = temperature, logits.dtype
+        ctx.entropy_grad = entropy_grad
+        if entropy_grad:
+            ctx.save_for_backward(probs, targets, z, lse, entropy)
+        else:
+            ctx.save_for_backward(probs, targets)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
+        probs, targets = ctx.saved_tensors[:2]
+        grad = probs * grad_logp.neg().unsqueeze(-1)
+        grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
+        if ctx.entropy_grad and grad_entropy is not None:
+            _, _, z, lse, entropy = ctx.saved_tensors
+            # -p * (log p + H) * g, with log p = z - lse
+            spread = (z - (lse - entropy).unsqueeze(-1)).mul_(probs)
+            grad.sub_(spread.mul_(grad_entropy.unsqueeze(-1)))
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        return grad.to(ctx.dtype), None, None, None
