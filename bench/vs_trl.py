@@ -45,7 +45,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_postrl(steps: int, precision: str) -> dict:
+def run_postrl(steps: int, precision: str, micro_batch_size: int) -> dict:
     from postrl.config import load_config
     from postrl.train.trainer import Trainer
 
@@ -53,7 +53,7 @@ def run_postrl(steps: int, precision: str) -> dict:
         "model=smollm2-135m-instruct", "recipe=dr_grpo", "task=arithmetic", f"lr={LR}",
         f"prompts_per_step={PROMPTS}", f"group_size={GROUP}", f"max_new_tokens={MAX_NEW}",
         f"precision={precision}", f"out={tempfile.mkdtemp()}/run", "quiet=true",
-        f"steps={steps + 1}", "micro_batch_size=8"])
+        f"steps={steps + 1}", f"micro_batch_size={micro_batch_size}"])
     trainer = Trainer(cfg)
     rows = [trainer.train_step() for _ in range(steps + 1)][1:]
     return {"step_s": [r["time/step_s"] for r in rows],
@@ -116,17 +116,19 @@ def run_trl(steps: int, precision: str) -> dict:
             "loss_forward_s": phases["loss_forward"][1:]}
 
 
-def child(framework: str, steps: int, precision: str) -> None:
+def child(framework: str, steps: int, precision: str, micro_batch_size: int) -> None:
     import torch
 
     torch.manual_seed(0)
-    result = (run_postrl if framework == "postrl" else run_trl)(steps, precision)
+    result = (run_postrl(steps, precision, micro_batch_size) if framework == "postrl"
+              else run_trl(steps, precision))
     result["peak_rss_mb"] = peak_rss_mb()
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def spawn(framework: str, steps: int, precision: str) -> dict:
+def spawn(framework: str, steps: int, precision: str, micro_batch_size: int) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", framework, "--steps", str(steps),
+                          "--micro-batch-size", str(micro_batch_size),
                           "--precisions", precision], capture_output=True, text=True)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if out.returncode or not lines:
@@ -147,10 +149,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per child")
     parser.add_argument("--rounds", type=int, default=2, help="A/B alternations per precision")
     parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--micro-batch-size", type=int, default=16,
+                        help="postrl's rows per forward/backward (TRL scores all 32 at once)")
     parser.add_argument("--child", choices=("postrl", "trl"))
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.steps, args.precisions)
+        child(args.child, args.steps, args.precisions, args.micro_batch_size)
         return
     table = {}
     for precision in args.precisions.split(","):
@@ -158,7 +162,8 @@ def main() -> None:
         for round_index in range(args.rounds):
             order = ("postrl", "trl") if round_index % 2 == 0 else ("trl", "postrl")
             for framework in order:
-                runs[framework].append(spawn(framework, args.steps, precision))
+                runs[framework].append(spawn(framework, args.steps, precision,
+                                              args.micro_batch_size))
                 print(f"  {precision} round {round_index + 1}: {framework} done", flush=True)
         table[precision] = {f: summary(r) for f, r in runs.items()}
     print(f"\n{'setting':<14}{'step s':>9}{'generate s':>12}{'train s':>9}{'peak RSS MB':>13}")
