@@ -2,8 +2,8 @@
 
 Sampling randomness is keyed by ``(seed, prompt index)`` (the engine's ``first_prompt``), so
 the completions do not depend on how many actors share a round. Each actor holds its own copy
-of the policy; after every training step the new trainable weights reach it through the Ray
-object store (``load_weights``).
+of the policy (on its GPU when it reserved one); after every training step the new trainable
+weights reach it through the Ray object store (``load_weights``) or a broadcast from rank 0.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from postrl.config import TrainConfig
 from postrl.distributed.failures import gather
-from postrl.distributed.weights import load_trainable
+from postrl.distributed.weights import load_trainable, worker_device
 from postrl.rollout import HFRolloutEngine, Rollouts, SamplingParams
 from postrl.rollout.base import cat_right_padded
 
@@ -62,6 +62,7 @@ def build_engine(cfg: TrainConfig, policy_state: dict) -> tuple[object, Callable
 
         engine = VLLMRolloutEngine.from_policy(lm, tokenizer, cfg.precision)
         return engine, engine.load_weights
+    lm.to(worker_device(cfg))  # on a GPU, HFRolloutEngine samples with transformers' forward
     engine = HFRolloutEngine(lm, tokenizer, batch_size=None, precision=cfg.precision)
     return engine, lambda weights: load_trainable(lm, weights)
 

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from postrl.config import TrainConfig
 from postrl.distributed.failures import gather
-from postrl.distributed.weights import to_cpu, trainable_state
+from postrl.distributed.weights import to_cpu, trainable_state, worker_device
 from postrl.train.batch import TrainBatch
 from postrl.train.update import (
     Replica,
@@ -91,7 +91,7 @@ class TrainWorker:
         self.cfg, self.rank, self.size = cfg, rank, size
         self.recipe = cfg.build_recipe()
         self.loss_cfg = self.recipe.policy_loss_config(cfg.max_new_tokens)
-        self.device = "cuda" if cfg.worker_gpus > 0 and torch.cuda.is_available() else "cpu"
+        self.device = worker_device(cfg)
         self.policy, _ = load_trained_policy(cfg)
         self.lm = causal_lm(self.policy)
         self.critic = ValueModel(self.policy) if self.recipe.critic else None

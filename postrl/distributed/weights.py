@@ -9,6 +9,12 @@ import torch
 from torch import Tensor, nn
 
 
+def worker_device(cfg) -> str:
+    """Where an actor's model lives: ``cuda`` when it reserved a GPU (``worker_gpus > 0``)
+    and this process sees one, else ``cpu``."""
+    return "cuda" if cfg.worker_gpus > 0 and torch.cuda.is_available() else "cpu"
+
+
 def trainable_state(module: nn.Module) -> dict[str, Tensor]:
     """The trainable parameters of ``module`` by name (LoRA: only the adapters), CPU copies."""
     return {name: param.detach().to("cpu", copy=True)
