@@ -111,8 +111,9 @@ def start_cluster(trainer) -> Cluster:
         actors = rollout + train
         hint = resume_hint(cfg)
         pad_id = trainer.tokenizer.pad_token_id
+        trainers = TrainGroup(train, hint, sharded=cfg.train_parallel == "fsdp2")
         cluster = Cluster(RolloutPool(rollout, 0 if pad_id is None else pad_id, hint),
-                          TrainGroup(train, hint), trainer.lm, trainer.critic, owns_ray)
+                          trainers, trainer.lm, trainer.critic, owns_ray)
         cluster.trainers.join(ray.put({
             "policy": trainer.lm.state_dict(),
             "critic": trainer.critic.state_dict() if trainer.critic else None,

@@ -78,15 +78,28 @@ def grpo_on_ray(tmp_path_factory):
     return out, trainer
 
 
-@pytest.mark.parametrize("recipe", ["grpo", "ppo"])
-def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, grpo_on_ray):
+def max_moment_diff(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> float:
+    states = a.state_dict()["state"], b.state_dict()["state"]
+    assert states[0].keys() == states[1].keys() and states[0]
+    return max(float((mine[key] - theirs[key]).abs().max())
+               for index, mine in states[0].items() for theirs in [states[1][index]]
+               for key in ("exp_avg", "exp_avg_sq"))
+
+
+# FSDP2: sharded parameters and AdamW moments; save_every=3 pulls the moments to the driver
+FSDP2 = ("train_parallel=fsdp2", "save_every=3")
+
+
+@pytest.mark.parametrize("recipe, scaling", [("grpo", "ddp"), ("ppo", "ddp"), ("grpo", "fsdp2")])
+def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, scaling, grpo_on_ray):
     single = Trainer(load_config(None, options(tmp_path / "single", recipe)))
     single.train()
-    if recipe == "grpo":
+    if (recipe, scaling) == ("grpo", "ddp"):
         out, distributed = grpo_on_ray
     else:
         out = tmp_path / "ray"
-        distributed = Trainer(load_config(None, options(out, recipe, *RAY)))
+        extra = FSDP2 if scaling == "fsdp2" else ()
+        distributed = Trainer(load_config(None, options(out, recipe, *RAY, *extra)))
         distributed.train()
     assert completions(out) == completions(tmp_path / "single")
     expected, got = metrics(tmp_path / "single"), metrics(out)
@@ -99,6 +112,8 @@ def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, grpo
     assert max_param_diff(single.lm, distributed.lm) < TOLERANCE
     if recipe == "ppo":
         assert max_param_diff(single.critic, distributed.critic) < TOLERANCE
+    if scaling == "fsdp2":  # the moments gathered from the shards are one process's
+        assert max_moment_diff(single.optimizer, distributed.optimizer) < TOLERANCE
 
 
 def test_uneven_and_empty_shares_give_the_update_of_one_process(tmp_path):
