@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from postrl.config import TrainConfig
+from postrl.distributed.broadcast import Layout, WeightChannel, gpu_uuid, layout
 from postrl.distributed.failures import gather
 from postrl.distributed.parallel import (
     DDPReplica,
@@ -30,7 +31,12 @@ from postrl.distributed.parallel import (
     make_replica,
     wrap,
 )
-from postrl.distributed.weights import to_cpu, trainable_state, worker_device
+from postrl.distributed.weights import (
+    to_cpu,
+    trainable_state,
+    whole_trainable,
+    worker_device,
+)
 from postrl.train.batch import TrainBatch
 from postrl.train.update import (
     RoundResult,
@@ -70,6 +76,7 @@ class TrainWorker:
         self.critic = ValueModel(self.policy) if self.recipe.critic else None
         self.models: Trainable | None = None
         self.replica: DDPReplica | None = None
+        self.channel: WeightChannel | None = None  # rank 0 with weight_sync=broadcast
 
     def pid(self) -> int:
         return os.getpid()
@@ -122,7 +129,23 @@ class TrainWorker:
         return value if self.rank == 0 else None
 
     def weights(self) -> dict[str, Tensor] | None:
-        return self._rank0(trainable_state(self.lm))
+        """The new trainable weights (rank 0's, as CPU copies); rank 0 also broadcasts them
+        to the rollout actors when it holds the weight channel."""
+        weights = whole_trainable(self.lm)
+        if self.channel is not None:
+            self.channel.send(weights)
+        return self._rank0({name: value.to("cpu", copy=True) for name, value in weights.items()})
+
+    def gpu_uuid(self) -> str | None:
+        return gpu_uuid(self.device)
+
+    def weight_layout(self) -> Layout:
+        """Names, whole shapes and dtypes of the trainable weights (no gathering needed)."""
+        return layout({n: p for n, p in self.lm.named_parameters() if p.requires_grad})
+
+    def open_channel(self, address: str, size: int, backend: str) -> None:
+        """Host the weight channel (rank 0 only): the rollout actors join it."""
+        self.channel = WeightChannel(address, 0, size, backend, COLLECTIVE_TIMEOUT)
 
     def critic_weights(self) -> dict[str, Tensor] | None:
         return self._rank0(trainable_state(self.critic) if self.critic is not None else None)

@@ -25,11 +25,16 @@ def full(tensor: Tensor) -> Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def trainable_state(module: nn.Module) -> dict[str, Tensor]:
-    """The trainable parameters of ``module`` by name (LoRA: only the adapters), whole CPU
-    copies (a collective under FSDP2)."""
-    return {name: full(param.detach()).to("cpu", copy=True)
+def whole_trainable(module: nn.Module) -> dict[str, Tensor]:
+    """The trainable parameters of ``module`` by name (LoRA: only the adapters), whole, where
+    they are (a collective under FSDP2)."""
+    return {name: full(param.detach())
             for name, param in module.named_parameters() if param.requires_grad}
+
+
+def trainable_state(module: nn.Module) -> dict[str, Tensor]:
+    """:func:`whole_trainable` as CPU copies."""
+    return {name: value.to("cpu", copy=True) for name, value in whole_trainable(module).items()}
 
 
 @torch.no_grad()
