@@ -88,6 +88,9 @@ class TrainConfig:
     #   joins the Ray session of this process if there is one, else starts a local cluster
     worker_cpus: float | None = None  # CPUs each actor reserves; null = an even share
     worker_gpus: float = 0.0  # GPUs each actor reserves; > 0 trains on CUDA with NCCL
+    train_parallel: str = "ddp"  # "ddp" (full replicas) or "fsdp2" (sharded over the workers)
+    weight_sync: str = "auto"  # "object_store", "broadcast" (from train rank 0) or "auto":
+    #   broadcast when rank 0 and every rollout worker have a GPU of their own
     # the run
     seed: int = 0
     out: str | None = None  # default runs/<recipe>-<task>-s<seed>
@@ -141,26 +144,34 @@ POSITIVE = ("prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs
 NON_NEGATIVE = ("top_k", "warmup_steps", "weight_decay", "critic_warmup_steps", "log_samples",
                 "eval_every", "save_rollouts_every", "save_every", "worker_gpus")
 SCHEDULES = ("constant", "linear", "cosine")
-LAUNCHERS = ("local", "ray")
-ROLLOUT_BACKENDS = ("hf", "vllm")
+CHOICES = {"launcher": ("local", "ray"), "rollout_backend": ("hf", "vllm"),
+           "train_parallel": ("ddp", "fsdp2"), "weight_sync": ("auto", "object_store", "broadcast")}
 
 
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def _has_fully_shard() -> bool:
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401 - torch >= 2.6
+    except ImportError:
+        return False
+    return True
+
+
 def validate_scaling(cfg: TrainConfig, fail) -> None:
     """The launcher, worker counts and rollout backend (docs/scaling.md)."""
-    if cfg.launcher not in LAUNCHERS:
-        fail("launcher", f"launcher={cfg.launcher!r} is not one of {', '.join(LAUNCHERS)}")
-    if cfg.rollout_backend not in ROLLOUT_BACKENDS:
-        fail("rollout_backend", f"rollout_backend={cfg.rollout_backend!r} is not one of "
-             f"{', '.join(ROLLOUT_BACKENDS)}")
+    for key, allowed in CHOICES.items():
+        if getattr(cfg, key) not in allowed:
+            fail(key, f"{key}={getattr(cfg, key)!r} is not one of {', '.join(allowed)}")
     if cfg.launcher == "local":
         ray_only = {"rollout_workers": cfg.rollout_workers != 1,
                     "train_workers": cfg.train_workers != 1,
                     "ray_address": cfg.ray_address is not None,
-                    "worker_cpus": cfg.worker_cpus is not None, "worker_gpus": cfg.worker_gpus > 0}
+                    "worker_cpus": cfg.worker_cpus is not None, "worker_gpus": cfg.worker_gpus > 0,
+                    "train_parallel": cfg.train_parallel != "ddp",
+                    "weight_sync": cfg.weight_sync != "auto"}
         for key, is_set in ray_only.items():
             if is_set:
                 fail(key, f"{key}={getattr(cfg, key)} needs launcher=ray")
@@ -178,6 +189,9 @@ def validate_scaling(cfg: TrainConfig, fail) -> None:
              "worker needs at least one")
     if cfg.worker_cpus is not None and cfg.worker_cpus <= 0:
         fail("worker_cpus", f"worker_cpus must be > 0 or null, got {cfg.worker_cpus}")
+    if cfg.train_parallel == "fsdp2" and not _has_fully_shard():
+        fail("train_parallel", "train_parallel=fsdp2 needs torch >= 2.6 (fully_shard); "
+             "use train_parallel=ddp or upgrade torch")
     if cfg.rollout_backend == "vllm":
         _validate_vllm(cfg, fail)
 

@@ -3,6 +3,8 @@ the weight sync between them. Used with ``launcher=ray``; nothing here is import
 (``weights.py`` alone needs no Ray).
 
 Reading path: ``cluster.py`` (what starts where, one step's traffic), ``rollout.py`` (prompts
-in contiguous slices over the rollout actors), ``training.py`` (DDP workers running the
-trainer's own update loop on their share of the rows), ``failures.py`` (a dead actor named).
+in contiguous slices over the rollout actors), ``training.py`` (trainer workers running the
+trainer's own update loop on their share of the rows), ``parallel.py`` (DDP or FSDP2),
+``broadcast.py`` (weights from train rank 0 to the rollout actors), ``failures.py`` (a dead
+actor named).
 """

@@ -3,9 +3,10 @@
 The driver (the ``Trainer`` process) keeps everything that is not generation or the update:
 prompts, rewards, filters, advantages, the reference and old-policy forwards, checkpoints,
 metrics, evaluation. R rollout actors generate the prompts of each round in slices; W trainer
-actors form a ``torch.distributed`` group and train DDP replicas. After each training step
-rank 0's new trainable weights go into the Ray object store once; every rollout actor and the
-driver's own copy of the policy read them from there.
+actors form a ``torch.distributed`` group and train DDP replicas or FSDP2 shards. After each
+training step rank 0's new trainable weights go into the Ray object store once; the driver's
+own copy of the policy reads them from there, and so do the rollout actors, unless rank 0
+broadcasts the weights to them over a group of their own (``weight_sync``, ``broadcast.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import ray
 import torch
 
 import postrl
+from postrl.distributed.broadcast import choose_backend
 from postrl.distributed.failures import gather
 from postrl.distributed.rollout import RolloutPool, RolloutWorker
 from postrl.distributed.training import TrainGroup, TrainWorker, adopt_state
@@ -31,14 +33,20 @@ class Cluster:
     driver_policy: torch.nn.Module  # the driver's causal LM, kept equal to the replicas
     driver_critic: torch.nn.Module | None
     owns_ray: bool  # started a local Ray instance (shut down on close)
+    broadcast: bool = False  # weights reach the rollout actors by train rank 0's broadcast
 
     def update(self, batch, settings: UpdateSettings, plan: list[torch.Tensor],
                lr: float) -> list[RoundResult]:
         """Train every worker on its share, then send the new weights to the rollout actors
-        and into the driver's copy (for the next step's forwards, evaluation, checkpoints)."""
+        (a broadcast from rank 0, or the object store) and into the driver's copy (for the
+        next step's forwards, evaluation, checkpoints)."""
         results = self.trainers.update(batch, settings, plan, lr)
-        reference, weights = self.trainers.weights()
-        self.rollout.load_weights(reference)
+        receiving = self.rollout.start_receiving() if self.broadcast else None
+        reference, weights = self.trainers.weights()  # rank 0 broadcasts while it answers
+        if receiving is None:
+            self.rollout.load_weights(reference)
+        else:
+            self.rollout.finish_receiving(receiving)
         load_trainable(self.driver_policy, weights)
         if self.driver_critic is not None:
             load_trainable(self.driver_critic, self.trainers.critic_weights())
@@ -84,6 +92,27 @@ def actor_resources(cfg, actors: int) -> tuple[float, float]:
     return cpus, cfg.worker_gpus
 
 
+def open_weight_channel(cluster: Cluster, weight_sync: str, hint: str) -> bool:
+    """Build the broadcast group of train rank 0 and the rollout actors when ``weight_sync``
+    asks for it (``auto``: only when every member has a GPU of its own; see
+    ``broadcast.choose_backend``). Returns whether weights will be broadcast."""
+    if weight_sync == "object_store":
+        return False
+    rank0, rollout = cluster.trainers.actors[0], cluster.rollout.actors
+    members, names = [rank0, *rollout], [cluster.trainers.names[0], *cluster.rollout.names]
+    backend = choose_backend(weight_sync, gather([m.gpu_uuid.remote() for m in members],
+                                                 names, hint), names)
+    if backend is None:
+        return False
+    address, slots = gather([rank0.address.remote(), rank0.weight_layout.remote()],
+                            names[:1] * 2, hint)
+    size = len(members)
+    gather([rank0.open_channel.remote(address, size, backend)]
+           + [actor.open_channel.remote(address, rank, size, backend, slots)
+              for rank, actor in enumerate(rollout, start=1)], names, hint)
+    return True
+
+
 def resume_hint(cfg) -> str:
     if not cfg.save_every:
         return ("This run writes no checkpoints (save_every=0), so it must start again; "
@@ -111,8 +140,9 @@ def start_cluster(trainer) -> Cluster:
         actors = rollout + train
         hint = resume_hint(cfg)
         pad_id = trainer.tokenizer.pad_token_id
+        trainers = TrainGroup(train, hint, sharded=cfg.train_parallel == "fsdp2")
         cluster = Cluster(RolloutPool(rollout, 0 if pad_id is None else pad_id, hint),
-                          TrainGroup(train, hint), trainer.lm, trainer.critic, owns_ray)
+                          trainers, trainer.lm, trainer.critic, owns_ray)
         cluster.trainers.join(ray.put({
             "policy": trainer.lm.state_dict(),
             "critic": trainer.critic.state_dict() if trainer.critic else None,
@@ -120,6 +150,7 @@ def start_cluster(trainer) -> Cluster:
             "critic_optimizer": (trainer.critic_optimizer.state_dict()
                                  if trainer.critic_optimizer else None)}))
         gather([a.pid.remote() for a in rollout], cluster.rollout.names, hint)  # all up
+        cluster.broadcast = open_weight_channel(cluster, cfg.weight_sync, hint)
         return cluster
     except BaseException:
         for actor in actors:

@@ -2,23 +2,27 @@
 
 Sampling randomness is keyed by ``(seed, prompt index)`` (the engine's ``first_prompt``), so
 the completions do not depend on how many actors share a round. Each actor holds its own copy
-of the policy; after every training step the new trainable weights reach it through the Ray
-object store (``load_weights``).
+of the policy (on its GPU when it reserved one); after every training step the new trainable
+weights reach it through the Ray object store (``load_weights``) or a broadcast from rank 0.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from datetime import timedelta
 
 import ray
 import torch
 
 from postrl.config import TrainConfig
+from postrl.distributed.broadcast import Layout, WeightChannel, gpu_uuid
 from postrl.distributed.failures import gather
-from postrl.distributed.weights import load_trainable
+from postrl.distributed.weights import load_trainable, worker_device
 from postrl.rollout import HFRolloutEngine, Rollouts, SamplingParams
 from postrl.rollout.base import cat_right_padded
+
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
 def prompt_slices(prompts: int, workers: int) -> list[tuple[int, int]]:
@@ -62,6 +66,7 @@ def build_engine(cfg: TrainConfig, policy_state: dict) -> tuple[object, Callable
 
         engine = VLLMRolloutEngine.from_policy(lm, tokenizer, cfg.precision)
         return engine, engine.load_weights
+    lm.to(worker_device(cfg))  # on a GPU, HFRolloutEngine samples with transformers' forward
     engine = HFRolloutEngine(lm, tokenizer, batch_size=None, precision=cfg.precision)
     return engine, lambda weights: load_trainable(lm, weights)
 
@@ -71,7 +76,10 @@ class RolloutWorker:
 
     def __init__(self, cfg: TrainConfig, policy_state: dict, threads: int) -> None:
         torch.set_num_threads(threads)
+        self.device = worker_device(cfg)
         self.engine, self._load = build_engine(cfg, policy_state)
+        self.channel: WeightChannel | None = None  # weight_sync=broadcast
+        self.slots: Layout = []
 
     def pid(self) -> int:
         return os.getpid()
@@ -83,6 +91,18 @@ class RolloutWorker:
 
     def load_weights(self, weights: dict) -> None:
         self._load(weights)
+
+    def gpu_uuid(self) -> str | None:
+        return gpu_uuid(self.device)
+
+    def open_channel(self, address: str, rank: int, size: int, backend: str,
+                     slots: Layout) -> None:
+        """Join train rank 0's weight channel; ``slots`` is its weights' layout."""
+        self.channel = WeightChannel(address, rank, size, backend, COLLECTIVE_TIMEOUT)
+        self.slots = slots
+
+    def receive_weights(self) -> None:
+        self._load(self.channel.receive(self.slots))
 
 
 class RolloutPool:
@@ -107,3 +127,10 @@ class RolloutPool:
         """Every actor reads the new weights from the object store (passed by reference)."""
         gather([a.load_weights.remote(weights) for a in self.actors], self.names,
                self.resume_hint)
+
+    def start_receiving(self) -> list[ray.ObjectRef]:
+        """Every actor waits for train rank 0's broadcast (see :meth:`finish_receiving`)."""
+        return [a.receive_weights.remote() for a in self.actors]
+
+    def finish_receiving(self, futures: list[ray.ObjectRef]) -> None:
+        gather(futures, self.names, self.resume_hint)

@@ -1,5 +1,6 @@
 """Data-parallel trainer workers: W Ray actors in one ``torch.distributed`` group (gloo on
-the CPU, NCCL on GPUs), each holding a DDP replica of the policy (and PPO's critic).
+the CPU, NCCL on GPUs), each holding a DDP replica or an FSDP2 shard of the policy (and of
+PPO's critic): ``train_parallel`` (``parallel.py``).
 
 Every worker runs the trainer's own update loop (``postrl.train.update``) on its contiguous
 share of each minibatch, with the loss normalised by the counts of the WHOLE minibatch and
@@ -11,24 +12,33 @@ optimizer step) and merges the workers' diagnostics into the metrics of the whol
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import socket
-from contextlib import ExitStack
 from datetime import timedelta
 
 import ray
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.nn.parallel import DistributedDataParallel
 
 from postrl.config import TrainConfig
+from postrl.distributed.broadcast import Layout, WeightChannel, gpu_uuid, layout
 from postrl.distributed.failures import gather
-from postrl.distributed.weights import to_cpu, trainable_state
+from postrl.distributed.parallel import (
+    DDPReplica,
+    decoder_layers,
+    load_optimizer_state,
+    make_replica,
+    wrap,
+)
+from postrl.distributed.weights import (
+    to_cpu,
+    trainable_state,
+    whole_trainable,
+    worker_device,
+)
 from postrl.train.batch import TrainBatch
 from postrl.train.update import (
-    Replica,
     RoundResult,
     TokenScorer,
     Trainable,
@@ -39,37 +49,6 @@ from postrl.train.update import (
 )
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
-
-
-class DDPReplica(Replica):
-    """Rank ``rank`` of ``size``: gradients synchronise (DDP's all-reduce) on the last
-    micro-batch of a step only, and every rank skips a non-finite step or none does."""
-
-    def __init__(self, rank: int, size: int, modules: list[DistributedDataParallel],
-                 device: str) -> None:
-        self.rank, self.size, self.modules, self.device = rank, size, modules, device
-
-    def accumulating(self, last: bool):
-        stack = ExitStack()
-        if not last:
-            for module in self.modules:
-                stack.enter_context(module.no_sync())
-        return stack
-
-    def all_true(self, flags: list[bool]) -> list[bool]:
-        values = torch.tensor([float(f) for f in flags], device=self.device)
-        dist.all_reduce(values, op=dist.ReduceOp.MIN)
-        return [bool(v) for v in values.tolist()]
-
-
-def replicate(module: torch.nn.Module) -> DistributedDataParallel:
-    """DDP without a buffer broadcast in every forward: the buffers (rotary tables) are
-    equal everywhere, and that broadcast is a collective that ranks running different numbers
-    of micro-batches would not match up."""
-    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
-    keyword = "forward_sync_buffers" if "forward_sync_buffers" in parameters else (
-        "broadcast_buffers")  # torch < 2.13
-    return DistributedDataParallel(module, **{keyword: False})
 
 
 def adopt_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
@@ -91,12 +70,13 @@ class TrainWorker:
         self.cfg, self.rank, self.size = cfg, rank, size
         self.recipe = cfg.build_recipe()
         self.loss_cfg = self.recipe.policy_loss_config(cfg.max_new_tokens)
-        self.device = "cuda" if cfg.worker_gpus > 0 and torch.cuda.is_available() else "cpu"
+        self.device = worker_device(cfg)
         self.policy, _ = load_trained_policy(cfg)
         self.lm = causal_lm(self.policy)
         self.critic = ValueModel(self.policy) if self.recipe.critic else None
         self.models: Trainable | None = None
         self.replica: DDPReplica | None = None
+        self.channel: WeightChannel | None = None  # rank 0 with weight_sync=broadcast
 
     def pid(self) -> int:
         return os.getpid()
@@ -109,27 +89,30 @@ class TrainWorker:
         return f"{ray.util.get_node_ip_address()}:{port}"
 
     def join(self, address: str, state: dict) -> None:
-        """Join the process group, load the driver's state, wrap the modules in DDP."""
+        """Join the process group, load the driver's state, wrap the modules for
+        ``train_parallel`` (DDP replicas or FSDP2 shards), then build the optimizers over
+        the wrapped parameters and load the driver's optimizer state into them."""
         from postrl.train.trainer import make_optimizers
 
         backend = "nccl" if self.device == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{address}", rank=self.rank,
                                 world_size=self.size, timeout=COLLECTIVE_TIMEOUT)
+        mode = self.cfg.train_parallel
         self.lm.load_state_dict(state["policy"])
         self.policy.to(self.device)
+        policy = wrap(mode, TokenScorer(self.lm), decoder_layers(self.lm.model))
+        critic = None
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
             self.critic.to(self.device)
+            critic = wrap(mode, ValueScorer(self.critic), decoder_layers(self.critic.backbone))
         optimizer, critic_optimizer = make_optimizers(self.cfg, self.policy, self.critic)
-        optimizer.load_state_dict(state["optimizer"])
-        policy = replicate(TokenScorer(self.lm))
-        critic = None
-        if self.critic is not None:
-            critic_optimizer.load_state_dict(state["critic_optimizer"])
-            critic = replicate(ValueScorer(self.critic))
+        load_optimizer_state(optimizer, state["optimizer"])
+        if critic_optimizer is not None:
+            load_optimizer_state(critic_optimizer, state["critic_optimizer"])
         self.models = Trainable(policy, optimizer, critic, critic_optimizer)
-        self.replica = DDPReplica(self.rank, self.size, [m for m in (policy, critic) if m],
-                                  self.device)
+        self.replica = make_replica(mode, self.rank, self.size,
+                                    [m for m in (policy, critic) if m], self.device)
 
     def update(self, batch: TrainBatch, settings: UpdateSettings, plan: list[Tensor],
                lr: float) -> list[RoundResult]:
@@ -140,29 +123,58 @@ class TrainWorker:
         return run_updates(self.models, batch, self.recipe, self.loss_cfg, settings, plan,
                            self.replica)
 
-    def weights(self) -> dict[str, Tensor]:
-        return trainable_state(self.lm)
+    # Under FSDP2 reading whole weights is a collective: every rank calls these; only rank
+    # 0's copy is returned (the others return None, which costs nothing to ship).
+    def _rank0(self, value):
+        return value if self.rank == 0 else None
+
+    def weights(self) -> dict[str, Tensor] | None:
+        """The new trainable weights (rank 0's, as CPU copies); rank 0 also broadcasts them
+        to the rollout actors when it holds the weight channel."""
+        weights = whole_trainable(self.lm)
+        if self.channel is not None:
+            self.channel.send(weights)
+        return self._rank0({name: value.to("cpu", copy=True) for name, value in weights.items()})
+
+    def gpu_uuid(self) -> str | None:
+        return gpu_uuid(self.device)
+
+    def weight_layout(self) -> Layout:
+        """Names, whole shapes and dtypes of the trainable weights (no gathering needed)."""
+        return layout({n: p for n, p in self.lm.named_parameters() if p.requires_grad})
+
+    def open_channel(self, address: str, size: int, backend: str) -> None:
+        """Host the weight channel (rank 0 only): the rollout actors join it."""
+        self.channel = WeightChannel(address, 0, size, backend, COLLECTIVE_TIMEOUT)
 
     def critic_weights(self) -> dict[str, Tensor] | None:
-        return trainable_state(self.critic) if self.critic is not None else None
+        return self._rank0(trainable_state(self.critic) if self.critic is not None else None)
 
-    def optimizer_states(self) -> tuple[dict, dict | None]:
+    def optimizer_states(self) -> tuple[dict, dict | None] | None:
         critic_optimizer = self.models.critic_optimizer
-        return (to_cpu(self.models.optimizer.state_dict()),
-                to_cpu(critic_optimizer.state_dict()) if critic_optimizer else None)
+        return self._rank0((to_cpu(self.models.optimizer.state_dict()),
+                            to_cpu(critic_optimizer.state_dict()) if critic_optimizer else None))
 
 
 class TrainGroup:
-    """The driver's handle on the W trainer actors."""
+    """The driver's handle on the W trainer actors. ``sharded`` (FSDP2): reading whole
+    weights or optimizer moments is a collective, so every worker is asked, rank 0 answers."""
 
-    def __init__(self, actors: list, resume_hint: str) -> None:
+    def __init__(self, actors: list, resume_hint: str, sharded: bool = False) -> None:
         self.actors = actors
         self.names = [f"train worker {i + 1}/{len(actors)}" for i in range(len(actors))]
         self.resume_hint = resume_hint
+        self.sharded = sharded
 
     def _all(self, method: str, *args) -> list:
         futures = [getattr(actor, method).remote(*args) for actor in self.actors]
         return gather(futures, self.names, self.resume_hint)
+
+    def _from_rank0(self, method: str) -> tuple[ray.ObjectRef, object]:
+        """Rank 0's answer (its reference and value); every rank is asked when sharded."""
+        asked = self.actors if self.sharded else self.actors[:1]
+        futures = [getattr(actor, method).remote() for actor in asked]
+        return futures[0], gather(futures, self.names[: len(asked)], self.resume_hint)[0]
 
     def join(self, state: ray.ObjectRef) -> None:
         [address] = gather([self.actors[0].address.remote()], self.names[:1], self.resume_hint)
@@ -176,16 +188,10 @@ class TrainGroup:
     def weights(self) -> tuple[ray.ObjectRef, dict[str, Tensor]]:
         """Rank 0's new trainable policy weights (all replicas are equal): their reference in
         the object store, for the rollout actors, and their value, for the driver."""
-        reference = self.actors[0].weights.remote()
-        [weights] = gather([reference], self.names[:1], self.resume_hint)
-        return reference, weights
+        return self._from_rank0("weights")
 
     def critic_weights(self) -> dict[str, Tensor] | None:
-        [weights] = gather([self.actors[0].critic_weights.remote()], self.names[:1],
-                           self.resume_hint)
-        return weights
+        return self._from_rank0("critic_weights")[1]
 
     def optimizer_states(self) -> tuple[dict, dict | None]:
-        [states] = gather([self.actors[0].optimizer_states.remote()], self.names[:1],
-                          self.resume_hint)
-        return states
+        return self._from_rank0("optimizer_states")[1]

@@ -7,8 +7,10 @@ dropped from the batch (and the cache) as they accumulate, so a batch with a few
 does not pay for the short ones.
 
 Llama-style models on the CPU are run by :mod:`postrl.rollout.lean` (fused, packed weights
-snapshotted at every ``generate`` call; a preallocated cache); any other model by transformers'
-own forward. With ``precision="bf16"`` both sample in bfloat16 from a copy of the current
+snapshotted at every ``generate`` call; a preallocated cache); any other model, and any model
+on a GPU, by transformers' own forward. The sampling loop runs on the model's device; the
+per-response generators stay on the CPU (the same draws on any device), and the rollouts come
+back on the CPU. With ``precision="bf16"`` both sample in bfloat16 from a copy of the current
 weights (autocast would re-cast every weight at every token); otherwise in the policy's dtype.
 """
 
@@ -68,7 +70,7 @@ class HFRolloutEngine:
     def _sampling_model(self, rows: int):
         """What samples this call: lean weights, the policy itself, or its bf16 copy."""
         dtype = torch.bfloat16 if self.precision == "bf16" else self.model.dtype
-        if self.lean:
+        if self.lean and model_device(self.model).type == "cpu":
             return LeanWeights.of(self.model, dtype, rows)
         if self.precision != "bf16":
             return self.model
@@ -116,24 +118,28 @@ class HFRolloutEngine:
         for i, row in enumerate(prompts):  # left padding keeps every row's last token aligned
             input_ids[i, prompt_len - len(row):] = torch.tensor(row)
             attention[i, prompt_len - len(row):] = 1
+        device = model_device(model)  # the loop's tensors live with the weights (CPU or GPU)
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        eos_ids = self.eos_ids.to(device)
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         steps = params.max_new_tokens
         logits, decoder = prefill(model, input_ids, attention, positions, group_size, steps)
         next_position = positions[:, -1].repeat_interleave(group_size, dim=0) + 1
         rows = len(next_position)
-        tokens = torch.full((rows, steps), self.pad_id, dtype=torch.long)
-        logprobs = torch.zeros((rows, steps))
-        valid = torch.zeros((rows, steps), dtype=torch.bool)
+        tokens = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((rows, steps), device=device)
+        valid = torch.zeros((rows, steps), dtype=torch.bool, device=device)
         reasons = ["length"] * rows
-        running = torch.arange(rows)  # original row of each row of the running batch
-        alive = torch.ones(rows, dtype=torch.bool)  # indexed by running position
+        running = torch.arange(rows, device=device)  # original row of each running row
+        alive = torch.ones(rows, dtype=torch.bool, device=device)  # by running position
         for step in range(steps):
-            token, logprob = next_tokens(logits, params, [generators[r] for r in running])
+            token, logprob = next_tokens(logits, params,
+                                         [generators[r] for r in running.tolist()])
             token = token.masked_fill(~alive, self.pad_id)
             tokens[running, step] = token
             logprobs[running, step] = logprob.masked_fill(~alive, 0.0)
             valid[running, step] = alive  # a token is part of the response iff its row was alive
-            ended = alive & torch.isin(token, self.eos_ids)
+            ended = alive & torch.isin(token, eos_ids)
             for i in ended.nonzero().flatten().tolist():
                 reasons[int(running[i])] = "eos"
             alive &= ~ended
@@ -150,7 +156,8 @@ class HFRolloutEngine:
             logits = decoder.step(token, next_position)
             next_position = next_position + 1
         width = max(int(valid.sum(dim=1).max()), 1)
-        return tokens[:, :width], valid[:, :width], logprobs[:, :width], reasons
+        return (tokens[:, :width].cpu(), valid[:, :width].cpu(), logprobs[:, :width].cpu(),
+                reasons)
 
     def _apply_stop_strings(self, generated, alive, running, reasons, stop) -> None:
         """End (in place) every live row whose decoded text now contains a stop string."""
@@ -159,6 +166,14 @@ class HFRolloutEngine:
             if any(s in text for s in stop):
                 alive[i] = False
                 reasons[int(running[i])] = "stop"
+
+
+def model_device(model) -> torch.device:
+    """Where ``model`` computes: the lean forward's packed weights are on the CPU; a
+    transformers model (the fallback, e.g. on a GPU) wherever its parameters are."""
+    if isinstance(model, LeanWeights):
+        return torch.device("cpu")
+    return next(model.parameters()).device
 
 
 class TransformersDecoder:
@@ -177,7 +192,6 @@ class TransformersDecoder:
                          position_ids=positions[:, None], use_cache=True,
                          **{self.cache_keyword: self.cache})
         return out.logits[:, -1]
-
 
 
 def _keep_float32_buffers(copy_, model) -> None:

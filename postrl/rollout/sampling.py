@@ -68,7 +68,8 @@ def next_tokens(logits: Tensor, params: SamplingParams,
     truncated = truncate_logits(scaled, params.top_k, params.top_p)
     cdf = torch.softmax(truncated, dim=-1).double().cumsum(dim=-1)
     # the first token whose cumulative mass exceeds u * total: token i with probability p_i
-    tokens = torch.searchsorted(cdf, uniforms(generators) * cdf[:, -1:], right=True)
+    draws = uniforms(generators).to(cdf.device)  # CPU generators: same draws on any device
+    tokens = torch.searchsorted(cdf, draws * cdf[:, -1:], right=True)
     tokens = tokens.squeeze(-1).clamp_(max=logits.shape[-1] - 1)
     return tokens, _picked_logprob(scaled, tokens)
 

@@ -214,6 +214,8 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
     if settings.train_policy:
         params = [p for p in models.policy.parameters() if p.requires_grad]
         norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm or float("inf"))
+        if hasattr(norm, "full_tensor"):  # FSDP2's sharded gradients: the norm is a DTensor
+            norm = norm.full_tensor()
         result.grad_norm = float(norm)
         if policy_finite and torch.isfinite(norm):
             models.optimizer.step()

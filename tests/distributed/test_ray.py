@@ -1,6 +1,7 @@
-"""launcher=ray on a real local Ray cluster (2 CPUs), the tiny model, a real gloo group:
-2 rollout actors and 2 DDP trainer workers give the run of one process (same completions,
-per-step losses and parameters to 1e-5); a dead actor is named, and resume=auto finishes."""
+"""launcher=ray on a real local Ray cluster (2 CPUs), the tiny model, real gloo groups:
+2 rollout actors and 2 trainer workers (DDP with the weights broadcast from rank 0, DDP
+through the object store, FSDP2) give the run of one process (same completions, per-step
+losses and parameters to 1e-5); a dead actor is named, and resume=auto finishes."""
 
 import json
 import os
@@ -71,22 +72,38 @@ def max_param_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
 
 @pytest.fixture(scope="module")
 def grpo_on_ray(tmp_path_factory):
-    """A 3-step GRPO run on 2 rollout actors and 2 trainer workers (shared by two tests)."""
+    """A 3-step GRPO run on 2 rollout actors and 2 trainer workers (shared by two tests),
+    the weights broadcast from train rank 0 to the rollout actors (gloo on the CPU)."""
     out = tmp_path_factory.mktemp("ray") / "grpo"
-    trainer = Trainer(load_config(None, options(out, "grpo", *RAY)))
+    trainer = Trainer(load_config(None, options(out, "grpo", *RAY, "weight_sync=broadcast")))
+    assert trainer.cluster.broadcast
     trainer.train()
     return out, trainer
 
 
-@pytest.mark.parametrize("recipe", ["grpo", "ppo"])
-def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, grpo_on_ray):
+def max_moment_diff(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> float:
+    states = a.state_dict()["state"], b.state_dict()["state"]
+    assert states[0].keys() == states[1].keys() and states[0]
+    return max(float((mine[key] - theirs[key]).abs().max())
+               for index, mine in states[0].items() for theirs in [states[1][index]]
+               for key in ("exp_avg", "exp_avg_sq"))
+
+
+# FSDP2: sharded parameters and AdamW moments; save_every=3 pulls the moments to the driver
+FSDP2 = ("train_parallel=fsdp2", "save_every=3")
+
+
+@pytest.mark.parametrize("recipe, scaling", [("grpo", "ddp+broadcast"), ("ppo", "ddp"),
+                                             ("grpo", "fsdp2")])
+def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, scaling, grpo_on_ray):
     single = Trainer(load_config(None, options(tmp_path / "single", recipe)))
     single.train()
-    if recipe == "grpo":
+    if scaling == "ddp+broadcast":
         out, distributed = grpo_on_ray
     else:
         out = tmp_path / "ray"
-        distributed = Trainer(load_config(None, options(out, recipe, *RAY)))
+        extra = FSDP2 if scaling == "fsdp2" else ()
+        distributed = Trainer(load_config(None, options(out, recipe, *RAY, *extra)))
         distributed.train()
     assert completions(out) == completions(tmp_path / "single")
     expected, got = metrics(tmp_path / "single"), metrics(out)
@@ -99,6 +116,8 @@ def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, grpo
     assert max_param_diff(single.lm, distributed.lm) < TOLERANCE
     if recipe == "ppo":
         assert max_param_diff(single.critic, distributed.critic) < TOLERANCE
+    if scaling == "fsdp2":  # the moments gathered from the shards are one process's
+        assert max_moment_diff(single.optimizer, distributed.optimizer) < TOLERANCE
 
 
 def test_uneven_and_empty_shares_give_the_update_of_one_process(tmp_path):

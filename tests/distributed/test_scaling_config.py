@@ -28,6 +28,11 @@ BASE = ["model=tiny", "prompts_per_step=2", "group_size=4", "max_new_tokens=4", 
      "train_workers=5 exceeds the 4 responses of a minibatch"),
     (["launcher=ray", "worker_cpus=0"], "worker_cpus must be > 0 or null"),
     (["launcher=ray", "worker_gpus=-1"], "worker_gpus must be >= 0"),
+    (["launcher=ray", "train_parallel=zero3"], "train_parallel='zero3' is not one of ddp, fsdp2"),
+    (["train_parallel=fsdp2"], "train_parallel=fsdp2 needs launcher=ray"),
+    (["launcher=ray", "weight_sync=nccl"],
+     "weight_sync='nccl' is not one of auto, object_store, broadcast"),
+    (["weight_sync=broadcast"], "weight_sync=broadcast needs launcher=ray"),
 ])
 def test_bad_scaling_options_name_the_option(options, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -61,3 +66,14 @@ def test_cli_prints_the_error_without_a_traceback(tmp_path, capsys):
     assert err.strip() == "postrl: error: override train_workers=0: train_workers must be > 0, " \
                           "got 0"
     assert not (tmp_path / "run").exists()
+
+
+def test_scaling_options_from_yaml(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("launcher: ray\ntrain_workers: 2\ntrain_parallel: fsdp2\n"
+                    "weight_sync: broadcast\n")
+    cfg = load_config(path, BASE)
+    assert (cfg.train_parallel, cfg.weight_sync) == ("fsdp2", "broadcast")
+    path.write_text("launcher: ray\ntrain_parallel: fsdp\n")
+    with pytest.raises(ConfigError, match=r"run.yaml:2: train_parallel='fsdp' is not one of"):
+        load_config(path, BASE)

@@ -93,3 +93,29 @@ def test_truncation_by_hand():
 def test_bad_sampling_params_are_named(kwargs, option):
     with pytest.raises(ConfigError, match=option):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_model_on_the_gpu_samples_there_and_returns_cpu_rollouts(tiny, precision):
+    """On a GPU the engine samples with transformers' forward (the lean one is CPU-only); its
+    recorded log-probs are those of the same weights teacher-forced on the CPU."""
+    import copy
+
+    model, tokenizer = tiny
+    engine = HFRolloutEngine(copy.deepcopy(model).to("cuda"), tokenizer, precision=precision)
+    assert not engine.lean
+    ids = prompts(tokenizer)
+    params = SamplingParams(temperature=0.7, top_k=20, max_new_tokens=12)
+    out = engine.generate(ids, 4, params, seed=3)
+    assert {t.device.type for t in (out.response_ids, out.response_mask, out.logprobs,
+                                    out.lengths)} == {"cpu"}
+    assert torch.equal(out.lengths, out.response_mask.sum(dim=1))
+    batch = SequenceBatch.build(out.prompt_ids, out.response_ids, out.response_mask,
+                                engine.pad_id)
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, batch, params.temperature)
+    tolerance = 1e-4 if precision == "fp32" else 0.1  # bf16 samples from rounded weights
+    assert (logp - out.logprobs)[out.response_mask].abs().max() < tolerance
+    again = engine.generate(ids, 4, params, seed=3)
+    assert torch.equal(out.response_ids, again.response_ids)

@@ -1,0 +1,114 @@
+"""Weights between replicas, without Ray: which device an actor's model lives on, optimizer
+moments into FSDP2 shards and back, packing for the broadcast and when it is used."""
+
+import copy
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from postrl.config import load_config
+from postrl.distributed.broadcast import (
+    WeightChannel,
+    choose_backend,
+    empty_buffers,
+    gpu_uuid,
+    layout,
+    pack,
+    unpack,
+)
+from postrl.distributed.parallel import load_optimizer_state, shard
+from postrl.distributed.weights import to_cpu, trainable_state, worker_device
+from postrl.errors import ConfigError
+
+BASE = ["model=tiny", "prompts_per_step=2", "group_size=4", "max_new_tokens=4", "launcher=ray"]
+
+
+@pytest.mark.parametrize("gpus, cuda, device", [("0", True, "cpu"), ("0.5", True, "cuda"),
+                                                ("1", False, "cpu")])
+def test_an_actor_uses_its_gpu_only_when_it_reserved_one_and_sees_it(monkeypatch, gpus, cuda,
+                                                                     device):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: cuda)
+    assert worker_device(load_config(None, [*BASE, f"worker_gpus={gpus}"])) == device
+
+
+@pytest.fixture
+def one_process_group():
+    """A gloo group of one process (FSDP2 shards over it: one shard of everything)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_fsdp2_optimizer_state_goes_into_the_shards_and_comes_back_whole(one_process_group):
+    """The driver's AdamW moments load into an optimizer over FSDP2 parameters (as DTensor
+    shards), and read back whole they are the driver's again."""
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(0)
+    driver = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
+    optimizer = torch.optim.AdamW(driver.parameters(), lr=1e-2)
+    driver(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    replica = copy.deepcopy(driver)
+    shard(replica, [replica[0], replica[2]])
+    sharded = torch.optim.AdamW(replica.parameters(), lr=1e-2)
+    load_optimizer_state(sharded, optimizer.state_dict())
+    assert all(isinstance(s["exp_avg"], DTensor) for s in sharded.state.values())
+    back = to_cpu(sharded.state_dict())["state"]
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            assert torch.equal(back[index][key], value), (index, key)
+    assert torch.equal(trainable_state(replica)["0.weight"], driver[0].weight.detach())
+
+
+def test_packed_weights_unpack_under_their_names():
+    weights = {"a": torch.randn(2, 3), "b": torch.arange(4), "c": torch.randn(5),
+               "d": torch.randn(1, 1, dtype=torch.bfloat16)}
+    buffers = pack(weights, "cpu")
+    assert {dtype: len(b) for dtype, b in buffers.items()} == {
+        torch.float32: 11, torch.int64: 4, torch.bfloat16: 1}
+    slots = layout(weights)
+    empty = empty_buffers(slots, "cpu")
+    assert {d: (b.shape, b.dtype) for d, b in empty.items()} == {
+        d: (b.shape, b.dtype) for d, b in buffers.items()}
+    back = unpack(buffers, slots)
+    assert list(back) == list(weights)
+    assert all(torch.equal(back[name], value) for name, value in weights.items())
+
+
+NAMES = ["train worker 1/2", "rollout worker 1/2", "rollout worker 2/2"]
+
+
+@pytest.mark.parametrize("weight_sync, gpus, backend", [
+    ("object_store", ["g0", "g1", "g2"], None),
+    ("auto", ["g0", "g1", "g2"], "nccl"), ("broadcast", ["g0", "g1", "g2"], "nccl"),
+    ("auto", [None, None, None], None), ("broadcast", [None, None, None], "gloo"),
+    ("auto", ["g0", "g1", "g0"], None), ("broadcast", ["g0", None, "g1"], "gloo")])
+def test_the_weights_are_broadcast_when_asked_or_when_every_member_has_its_own_gpu(
+        weight_sync, gpus, backend):
+    assert choose_backend(weight_sync, gpus, NAMES) == backend
+
+
+def test_broadcast_on_a_shared_gpu_is_refused_naming_the_option():
+    with pytest.raises(ConfigError, match=r"^weight_sync=broadcast: train worker 1/2 and "
+                                          r"rollout worker 2/2 share one GPU \(g0\), and NCCL"):
+        choose_backend("broadcast", ["g0", "g1", "g0"], NAMES)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_an_nccl_weight_channel_of_one_member_sends():
+    """The standalone NCCL group builds on this torch and a broadcast runs (one member: a
+    real broadcast needs two GPUs)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    channel = WeightChannel(f"127.0.0.1:{port}", 0, 1, "nccl", timedelta(seconds=60))
+    weights = {"w": torch.randn(3, 2, device="cuda"), "b": torch.randn(2, device="cuda")}
+    channel.send(weights)
+    torch.cuda.synchronize()
+    assert gpu_uuid("cuda") is not None and gpu_uuid("cpu") is None
