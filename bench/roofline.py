@@ -3,8 +3,9 @@
     python bench/roofline.py [--model smollm2-135m-instruct] [--skip-postrl]
 
 Peak: the best of several large square matmuls per dtype. Training phase: model FLOPs of one
-forward+backward on the default batch (4 prompts x 8 completions), counted as 6 * parameters
-* tokens plus attention, divided by the measured time. Generation: tokens per second.
+forward+backward on bench/vs_trl.py's batch (4 prompts x 8 completions), counted as 6 * parameters
+* tokens (each prompt once per group), divided by the measured time. Generation: tokens per
+second.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def measure_postrl(model_spec: str, precision: str) -> dict[str, float]:
 
     cfg = load_config(None, [f"model={model_spec}", "recipe=dr_grpo", "steps=3", "quiet=true",
                              "prompts_per_step=4", "group_size=8", "max_new_tokens=64",
+                             "task=arithmetic", "micro_batch_size=16",  # as bench/vs_trl.py
                              "out=/tmp/postrl-roofline", "overwrite=true",
                              f"precision={precision}"])
     trainer = Trainer(cfg)
@@ -51,7 +53,10 @@ def measure_postrl(model_spec: str, precision: str) -> dict[str, float]:
     last = rows[-1]
     tokens = last["rollout/tokens_generated"] - rows[-2]["rollout/tokens_generated"]
     prompt_tokens = sum(len(p) for p in trainer.prompt_cache.values()) / len(trainer.prompt_cache)
-    trained = tokens + prompt_tokens * cfg.prompts_per_step * cfg.group_size
+    # rows of a prompt share its forward (postrl/models/logprobs.py): each prompt counts once
+    # per group, the least work that can give the gradient (a prompt whose rows fall into
+    # several micro-batches runs once in each, so the achieved FLOP/s is a lower bound)
+    trained = tokens + prompt_tokens * cfg.prompts_per_step
     return {"train_gflops": training_flops(trainer.lm, trained) / last["time/train_s"] / 1e9,
             "generate_tokens_per_s": tokens / last["time/generate_s"],
             "train_s": last["time/train_s"], "generate_s": last["time/generate_s"]}

@@ -100,7 +100,10 @@ class TrainWorker:
         mode = self.cfg.train_parallel
         self.lm.load_state_dict(state["policy"])
         self.policy.to(self.device)
-        policy = wrap(mode, TokenScorer(self.lm), decoder_layers(self.lm.model))
+        # FSDP2's collectives follow the forward calls of each layer, and whether a
+        # micro-batch shares a prompt differs between ranks: under FSDP2 no rank shares
+        policy = wrap(mode, TokenScorer(self.lm, share_prompts=mode != "fsdp2"),
+                      decoder_layers(self.lm.model))
         critic = None
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])

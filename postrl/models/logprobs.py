@@ -49,16 +49,17 @@ class SequenceBatch:
 
 def response_logprobs(
     model, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False,
-    chunk_rows: int = 8, entropy_grad: bool = False,
+    chunk_rows: int = 8, entropy_grad: bool = False, share_prompts: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """``(logp [N, T], entropy [N, T] or None)`` of the response tokens, temperature-scaled.
 
     Gradients flow into ``logp`` when called outside ``torch.no_grad``; the entropy carries a
     gradient only with ``entropy_grad`` (an entropy bonus or entropy-guided mixing), otherwise
-    it is a detached diagnostic. Positions outside the response mask hold 0.
+    it is a detached diagnostic. Positions outside the response mask hold 0. Rows with the
+    same prompt share its forward unless ``share_prompts`` is off.
     """
     response_width = batch.input_ids.shape[1] - batch.prompt_width
-    hidden = response_hidden(model, batch)
+    hidden = response_hidden(model, batch, share_prompts)
     # only response tokens (the attention mask's response part) go through the LM head,
     # chunk_rows * T at a time
     scored = batch.attention_mask[:, batch.prompt_width:].bool()
@@ -76,12 +77,12 @@ def response_logprobs(
     return _unflatten(logps, scored), _unflatten(entropies, scored) if with_entropy else None
 
 
-def response_hidden(model, batch: SequenceBatch) -> Tensor:
+def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True) -> Tensor:
     """``[N, T, H]``: the last hidden states that predict each response token (the one at
     column ``c`` predicts the token at ``c + 1``)."""
     width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
-    prompts, rows = shared_prompts(batch.input_ids[:, :width])
-    if len(prompts) == len(rows):  # no prompt is shared: one plain forward
+    prompts, rows = shared_prompts(batch.input_ids[:, :width]) if share_prompts else (None, None)
+    if prompts is None or len(prompts) == len(rows):  # one plain forward
         hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                              position_ids=batch.position_ids, use_cache=False).last_hidden_state
         return hidden[:, width - 1 : width - 1 + response_width]

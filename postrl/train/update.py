@@ -47,15 +47,16 @@ class UpdateSettings:
 
 class TokenScorer(nn.Module):
     """Per-token log-probs and entropies of a causal LM as a module's ``forward``: a
-    data-parallel wrapper (DDP) synchronises through the forward it wraps."""
+    data-parallel wrapper (DDP) synchronises through the forward it wraps. ``share_prompts``
+    off runs every row's prompt (FSDP2 needs the same forward calls on every rank)."""
 
-    def __init__(self, lm) -> None:
+    def __init__(self, lm, share_prompts: bool = True) -> None:
         super().__init__()
-        self.lm = lm
+        self.lm, self.share_prompts = lm, share_prompts
 
     def forward(self, sequences: SequenceBatch, temperature: float, entropy_grad: bool):
         return response_logprobs(self.lm, sequences, temperature, with_entropy=True,
-                                 entropy_grad=entropy_grad)
+                                 entropy_grad=entropy_grad, share_prompts=self.share_prompts)
 
 
 class ValueScorer(nn.Module):
