@@ -81,12 +81,13 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True) -> 
     """``[N, T, H]``: the last hidden states that predict each response token (the one at
     column ``c`` predicts the token at ``c + 1``)."""
     width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
-    prompts, rows = shared_prompts(batch.input_ids[:, :width]) if share_prompts else (None, None)
+    prompts, rows = (shared_prompts(batch.input_ids[:, :width], batch.attention_mask[:, :width])
+                     if share_prompts else (None, None))
     if prompts is None or len(prompts) == len(rows):  # one plain forward
         hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                              position_ids=batch.position_ids, use_cache=False).last_hidden_state
         return hidden[:, width - 1 : width - 1 + response_width]
-    # each distinct prompt once (identical left-padded rows have identical masks/positions)
+    # each distinct prompt once (equal ids and masks: equal positions too)
     cache = DynamicCache(config=model.config)
     keyword = cache_keyword(model.model)
     prompt = model.model(input_ids=batch.input_ids[prompts, :width],
@@ -111,10 +112,12 @@ def cache_keyword(module) -> str:
         "past_key_values")
 
 
-def shared_prompts(prompt_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """``(first, rows)``: the index of the first row of each distinct prompt row, and for
-    every row the position of its prompt in ``first``."""
-    _, rows = torch.unique(prompt_ids, dim=0, return_inverse=True)
+def shared_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``(first, rows)``: the index of the first row of each distinct prompt, and for every
+    row the position of its prompt in ``first``. Rows are the same prompt when their ids AND
+    masks are (a prompt may begin with the padding token)."""
+    _, rows = torch.unique(torch.cat([prompt_ids, prompt_mask.long()], dim=1), dim=0,
+                           return_inverse=True)
     first = torch.full((int(rows.max()) + 1,), len(rows), dtype=torch.long,
                        device=rows.device).scatter_reduce(
         0, rows, torch.arange(len(rows), device=rows.device), reduce="amin")

@@ -182,3 +182,21 @@ def test_rows_sharing_a_prompt_share_its_forward_and_match_their_own_forwards(ti
     for name, param in model.named_parameters():
         torch.testing.assert_close(shared[name], param.grad, atol=1e-5, rtol=1e-4, msg=name)
     assert (logp[4] == 0).all() and (logp[1, 1:] == 0).all()
+
+
+def test_a_prompt_that_begins_with_the_padding_token_is_not_taken_for_a_shorter_one(tiny):
+    """Left-padded, [pad, a, b] and [a, b] have the same ids; only the masks tell them apart,
+    and their first response tokens sit at different positions."""
+    model, tokenizer = tiny
+    pad = tokenizer.pad_token_id
+    body = tokenizer("What is 1 + 1?", add_special_tokens=False).input_ids
+    prompts = [[pad, *body], body, [pad, *body], body]
+    responses = torch.tensor([[17, 18], [17, 18], [19, 20], [19, 20]])
+    batch = SequenceBatch.build(prompts, responses, torch.ones(4, 2, dtype=torch.bool), pad)
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, batch)
+        for row in range(4):
+            alone = SequenceBatch.build([prompts[row]], responses[row : row + 1],
+                                        torch.ones(1, 2, dtype=torch.bool), pad)
+            torch.testing.assert_close(logp[row], response_logprobs(model, alone)[0][0],
+                                       atol=1e-5, rtol=0)
