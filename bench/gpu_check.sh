@@ -11,6 +11,7 @@
 # its files (tokenizer.json, tokenizer_config.json, config.json, chat_template.jinja, copied
 # from that cache directory on a machine where postrl has run) as $POSTRL_TOKENIZER (default:
 # .gpu_check_tokenizer/ at the repo root).
+# bench/gpu_check_prepare.sh makes both (.whl/ and .gpu_check_tokenizer/) where pip works.
 # Logs go to $OUT/gpu_check when $OUT is set, else to a temporary directory (printed).
 # Usage: bash bench/gpu_check.sh        exit status 0 iff every check passed
 set -uo pipefail
