@@ -23,7 +23,8 @@ import yaml
 
 from postrl.cliargs import accept_intermixed
 from postrl.components import differing
-from postrl.config import TrainConfig, load_config, validate
+from postrl.config import TrainConfig, load_config
+from postrl.config_checks import validate
 from postrl.errors import ConfigError
 from postrl.experiments.fairness import check_fair, warn_indistinguishable
 from postrl.recipes import Recipe, get_recipe

@@ -3,7 +3,7 @@ through the CLI they exit 2 with one line and no traceback."""
 
 import pytest
 
-import postrl.config
+import postrl.config_checks
 from postrl.cli import main
 from postrl.config import load_config
 from postrl.errors import ConfigError
@@ -40,16 +40,16 @@ def test_bad_scaling_options_name_the_option(options, message):
 
 
 def test_launcher_ray_without_ray_installed(monkeypatch):
-    monkeypatch.setattr(postrl.config, "_installed", lambda module: module != "ray")
+    monkeypatch.setattr(postrl.config_checks, "_installed", lambda module: module != "ray")
     with pytest.raises(ConfigError, match=r"launcher=ray needs Ray.*pip install 'postrl\[ray\]'"):
         load_config(None, [*BASE, "launcher=ray"])
 
 
 def test_vllm_backend_without_vllm_or_gpu(monkeypatch):
-    monkeypatch.setattr(postrl.config, "_installed", lambda module: module != "vllm")
+    monkeypatch.setattr(postrl.config_checks, "_installed", lambda module: module != "vllm")
     with pytest.raises(ConfigError, match=r"rollout_backend=vllm needs vLLM"):
         load_config(None, [*BASE, "rollout_backend=vllm"])
-    monkeypatch.setattr(postrl.config, "_installed", lambda module: True)
+    monkeypatch.setattr(postrl.config_checks, "_installed", lambda module: True)
     with pytest.raises(ConfigError, match="rollout_backend=vllm with launcher=ray needs a GPU"):
         load_config(None, [*BASE, "rollout_backend=vllm", "launcher=ray"])
     with pytest.raises(ConfigError, match="does not take LoRA adapters"):

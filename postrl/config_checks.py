@@ -1,0 +1,139 @@
+"""Validation of a :class:`postrl.config.TrainConfig`: every bad value is a ConfigError that
+names the option and where it was set (``config.yaml:12: ``, ``override lr=-1: ``)."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from postrl.errors import ConfigError
+from postrl.recipes import get_recipe
+
+if TYPE_CHECKING:
+    from postrl.config import TrainConfig
+
+POSITIVE = ("prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs", "minibatches",
+            "micro_batch_size", "lr", "critic_lr", "eval_n", "keep_last", "max_skipped_steps",
+            "rollout_workers", "train_workers")
+NON_NEGATIVE = ("top_k", "warmup_steps", "weight_decay", "critic_warmup_steps", "log_samples",
+                "eval_every", "save_rollouts_every", "save_every", "worker_gpus")
+SCHEDULES = ("constant", "linear", "cosine")
+CHOICES = {"launcher": ("local", "ray"), "rollout_backend": ("hf", "vllm"),
+           "train_parallel": ("ddp", "fsdp2"), "weight_sync": ("auto", "object_store", "broadcast")}
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _has_fully_shard() -> bool:
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401 - torch >= 2.6
+    except ImportError:
+        return False
+    return True
+
+
+def validate_scaling(cfg: TrainConfig, fail) -> None:
+    """The launcher, worker counts and rollout backend (docs/scaling.md)."""
+    for key, allowed in CHOICES.items():
+        if getattr(cfg, key) not in allowed:
+            fail(key, f"{key}={getattr(cfg, key)!r} is not one of {', '.join(allowed)}")
+    if cfg.launcher == "local":
+        ray_only = {"rollout_workers": cfg.rollout_workers != 1,
+                    "train_workers": cfg.train_workers != 1,
+                    "ray_address": cfg.ray_address is not None,
+                    "worker_cpus": cfg.worker_cpus is not None, "worker_gpus": cfg.worker_gpus > 0,
+                    "train_parallel": cfg.train_parallel != "ddp",
+                    "weight_sync": cfg.weight_sync != "auto"}
+        for key, is_set in ray_only.items():
+            if is_set:
+                fail(key, f"{key}={getattr(cfg, key)} needs launcher=ray")
+    elif not _installed("ray"):
+        fail("launcher", "launcher=ray needs Ray, which is not installed: "
+             "pip install 'postrl[ray]'")
+    if cfg.rollout_workers > cfg.prompts_per_step:
+        fail("rollout_workers", f"rollout_workers={cfg.rollout_workers} exceeds the "
+             f"{cfg.prompts_per_step} prompts of a round (prompts_per_step): every rollout "
+             "worker needs at least one prompt")
+    rows = cfg.prompts_per_step * cfg.group_size // cfg.minibatches
+    if cfg.train_workers > rows:
+        fail("train_workers", f"train_workers={cfg.train_workers} exceeds the {rows} responses "
+             "of a minibatch (prompts_per_step * group_size / minibatches): every trainer "
+             "worker needs at least one")
+    if cfg.worker_cpus is not None and cfg.worker_cpus <= 0:
+        fail("worker_cpus", f"worker_cpus must be > 0 or null, got {cfg.worker_cpus}")
+    if cfg.train_parallel == "fsdp2" and not _has_fully_shard():
+        fail("train_parallel", "train_parallel=fsdp2 needs torch >= 2.6 (fully_shard); "
+             "use train_parallel=ddp or upgrade torch")
+    if cfg.rollout_backend == "vllm":
+        _validate_vllm(cfg, fail)
+
+
+def _validate_vllm(cfg: TrainConfig, fail) -> None:
+    if not _installed("vllm"):
+        fail("rollout_backend", "rollout_backend=vllm needs vLLM, which is not installed: "
+             "pip install 'postrl[vllm]' on a machine with an NVIDIA GPU")
+    if cfg.lora.r:
+        fail("rollout_backend", "rollout_backend=vllm does not take LoRA adapters yet: "
+             "use rollout_backend=hf, or lora.r=0")
+    if cfg.launcher == "ray" and cfg.worker_gpus <= 0:
+        fail("rollout_backend", "rollout_backend=vllm with launcher=ray needs a GPU per "
+             "rollout worker: set worker_gpus=1")
+    if cfg.launcher == "local":
+        import torch
+
+        if not torch.cuda.is_available():
+            fail("rollout_backend", "rollout_backend=vllm needs a CUDA GPU, and this "
+                 "machine has none: use rollout_backend=hf")
+
+
+def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
+    """ConfigError for a bad value, prefixed with where the option was set."""
+
+    def fail(key: str, message: str) -> None:
+        prefix = where.get(key, where.get(key.split(".")[0], ""))
+        raise ConfigError(f"{prefix}{message}")
+
+    for key in POSITIVE:
+        if getattr(cfg, key) <= 0:
+            fail(key, f"{key} must be > 0, got {getattr(cfg, key)}")
+    for key in NON_NEGATIVE:
+        if getattr(cfg, key) < 0:
+            fail(key, f"{key} must be >= 0, got {getattr(cfg, key)}")
+    if cfg.temperature <= 0:
+        fail("temperature", f"training samples need temperature > 0, got {cfg.temperature}")
+    if not 0 < cfg.top_p <= 1:
+        fail("top_p", f"top_p must be in (0, 1], got {cfg.top_p}")
+    if cfg.token_budget is not None and cfg.token_budget <= 0:
+        fail("token_budget", f"token_budget must be > 0 or null, got {cfg.token_budget}")
+    if cfg.precision not in ("fp32", "bf16"):
+        fail("precision", f"precision must be fp32 or bf16, got {cfg.precision!r}")
+    if cfg.reward_errors not in ("raise", "zero"):
+        fail("reward_errors", f"reward_errors must be raise or zero, got {cfg.reward_errors!r}")
+    if cfg.reward_timeout_s is not None and cfg.reward_timeout_s <= 0:
+        fail("reward_timeout_s", f"reward_timeout_s must be > 0 or null, got "
+             f"{cfg.reward_timeout_s}")
+    if cfg.resume != "no" and cfg.overwrite:
+        fail("resume", "resume and overwrite exclude each other: set at most one")
+    if cfg.lr_schedule not in SCHEDULES:
+        fail("lr_schedule", f"lr_schedule={cfg.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if cfg.max_grad_norm is not None and cfg.max_grad_norm <= 0:
+        fail("max_grad_norm", f"max_grad_norm must be > 0 or null, got {cfg.max_grad_norm}")
+    if len(cfg.adam_betas) != 2 or not all(0 <= b < 1 for b in cfg.adam_betas):
+        fail("adam_betas", f"adam_betas must be two numbers in [0, 1), got {cfg.adam_betas}")
+    if cfg.minibatches > cfg.prompts_per_step * cfg.group_size:
+        fail("minibatches", f"minibatches={cfg.minibatches} exceeds the "
+             f"{cfg.prompts_per_step * cfg.group_size} responses of a step")
+    if cfg.lora.r < 0 or cfg.lora.alpha <= 0 or not 0 <= cfg.lora.dropout < 1:
+        fail("lora", f"lora needs r >= 0, alpha > 0 and dropout in [0, 1), got {cfg.lora}")
+    try:
+        recipe = get_recipe(cfg.recipe)
+    except ConfigError as err:
+        fail("recipe", str(err))
+    try:
+        recipe = recipe.with_(**cfg.recipe_options) if cfg.recipe_options else recipe
+    except ConfigError as err:
+        fail("recipe_options", str(err))
+    recipe.check_schedule(cfg.group_size, cfg.max_new_tokens)  # its errors name the options
+    validate_scaling(cfg, fail)
