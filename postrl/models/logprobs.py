@@ -71,7 +71,7 @@ def response_logprobs(
     for start in range(0, max(hidden.shape[0], 1), chunk):
         logp, entropy = logprob_and_entropy(
             model.lm_head(hidden[start : start + chunk]), targets[start : start + chunk],
-            temperature, entropy_grad and torch.is_grad_enabled())
+            temperature, entropy_grad and torch.is_grad_enabled(), with_entropy)
         logps.append(logp)
         entropies.append(entropy)
     return _unflatten(logps, scored), _unflatten(entropies, scored) if with_entropy else None

@@ -21,17 +21,21 @@ from torch import Tensor
 
 
 def logprob_and_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0,
-                        entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+                        entropy_grad: bool = False, with_entropy: bool = True,
+                        ) -> tuple[Tensor, Tensor | None]:
     """``(log p(target), entropy)`` per row of ``logits [n, V]`` at ``temperature``; the
-    entropy carries a gradient only with ``entropy_grad``."""
-    logp, entropy = _LogProbEntropy.apply(logits, targets, temperature, entropy_grad)
-    return logp, entropy if entropy_grad else entropy.detach()
+    entropy carries a gradient only with ``entropy_grad``, and is not computed (None) without
+    ``with_entropy`` (which ``entropy_grad`` implies)."""
+    with_entropy = with_entropy or entropy_grad
+    logp, entropy = _LogProbEntropy.apply(logits, targets, temperature, entropy_grad,
+                                          with_entropy)
+    return logp, entropy if entropy_grad or entropy is None else entropy.detach()
 
 
 class _LogProbEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float,
-                entropy_grad: bool) -> tuple[Tensor, Tensor]:
+    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, entropy_grad: bool,
+                with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
         if temperature != 1.0:
             z = z / temperature
@@ -40,7 +44,8 @@ class _LogProbEntropy(torch.autograd.Function):
         total = probs.sum(dim=-1, keepdim=True)
         probs.div_(total)
         lse = (top + total.log()).squeeze(-1)
-        entropy = lse - torch.bmm(probs.unsqueeze(1), z.unsqueeze(2)).view(-1)
+        entropy = (lse - torch.bmm(probs.unsqueeze(1), z.unsqueeze(2)).view(-1)
+                   if with_entropy else None)
         logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
         ctx.temperature, ctx.dtype = temperature, logits.dtype
         ctx.entropy_grad = entropy_grad
@@ -62,4 +67,4 @@ class _LogProbEntropy(torch.autograd.Function):
             grad.sub_(spread.mul_(grad_entropy.unsqueeze(-1)))
         if ctx.temperature != 1.0:
             grad.div_(ctx.temperature)
-        return grad.to(ctx.dtype), None, None, None
+        return grad.to(ctx.dtype), None, None, None, None

@@ -57,3 +57,18 @@ def test_bf16_logits_reduce_in_float32_and_give_bf16_gradients():
     assert logits.grad.dtype == torch.bfloat16
     want, _ = textbook(logits.detach(), targets, 1.0)
     torch.testing.assert_close(logp, want, atol=1e-5, rtol=1e-5)
+
+
+def test_without_entropy_gives_the_same_log_probs_and_gradients_and_no_entropy():
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 200, generator=generator).requires_grad_()
+    targets = torch.randint(0, 200, (6,), generator=generator)
+    logp, entropy = logprob_and_entropy(logits, targets, 0.8, with_entropy=False)
+    assert entropy is None
+    logp.sum().backward()
+    alone = logits.grad.clone()
+    logits.grad = None
+    both, _ = logprob_and_entropy(logits, targets, 0.8)
+    both.sum().backward()
+    torch.testing.assert_close(logp, both)
+    torch.testing.assert_close(alone, logits.grad)
