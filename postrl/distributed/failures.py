@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import ray
@@ -21,6 +22,9 @@ from postrl.errors import PostRLError
 # once one worker has failed, how long its peers get to report (a peer blocked in a
 # collective with a dead worker usually fails within this; if not, the dead one is named)
 GRACE_S = 3.0
+# how long a collective of postrl's process groups (the trainers', the weight broadcast's)
+# waits for a peer before it fails
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
 class WorkerError(PostRLError):

@@ -27,8 +27,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from postrl.train.update import Replica
 
-MODES = ("ddp", "fsdp2")
-
 
 class DDPReplica(Replica):
     """Rank ``rank`` of ``size``: gradients synchronise (DDP's all-reduce) on the last

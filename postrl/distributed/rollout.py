@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from datetime import timedelta
 
 import ray
 import torch
 
 from postrl.config import TrainConfig
 from postrl.distributed.broadcast import Layout, WeightChannel, gpu_uuid
-from postrl.distributed.failures import gather
+from postrl.distributed.failures import COLLECTIVE_TIMEOUT, gather
 from postrl.distributed.weights import load_trainable, worker_device
 from postrl.rollout import HFRolloutEngine, Rollouts, SamplingParams
 from postrl.rollout.base import cat_right_padded
-
-COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
 def prompt_slices(prompts: int, workers: int) -> list[tuple[int, int]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from datetime import timedelta
 
 import ray
 import torch
@@ -23,7 +22,7 @@ from torch import Tensor
 
 from postrl.config import TrainConfig
 from postrl.distributed.broadcast import Layout, WeightChannel, gpu_uuid, layout
-from postrl.distributed.failures import gather
+from postrl.distributed.failures import COLLECTIVE_TIMEOUT, gather
 from postrl.distributed.parallel import (
     DDPReplica,
     decoder_layers,
@@ -47,8 +46,6 @@ from postrl.train.update import (
     merge_replicas,
     run_updates,
 )
-
-COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
 def adopt_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
