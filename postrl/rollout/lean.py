@@ -7,11 +7,12 @@ and seven separately dispatched matmuls per layer whose weights oneDNN reorders 
 Here, once per ``generate`` call, the projections are fused (q|k|v, gate|up), cast to the
 sampling dtype and reordered into oneDNN's blocked layout; the cache is allocated once for the
 whole response (``[layers, rows, kv_heads, prompt + max_new, head_dim]``), each token writes
-one column, and a group's query heads attend to their shared key/value head through a reshape.
+one column, and attention is PyTorch's fused kernel (``scaled_dot_product_attention``), whose
+query heads of a group read their shared key/value head without a repeated copy.
 
 The arithmetic is the model's own (RMSNorm in float32, the model's rotary module with its
-float32 frequencies, softmax in float32); :func:`unsupported_reason` names what it does not
-cover, and such models are sampled with transformers' forward instead.
+float32 frequencies, the attention softmax in float32); :func:`unsupported_reason` names what
+it does not cover, and such models are sampled with transformers' forward instead.
 """
 
 from __future__ import annotations
@@ -167,30 +168,26 @@ def forward(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
     floor = torch.finfo(w.dtype).min  # not -inf: a padding query that sees only padding is
     cache.mask[:, start:end] = torch.where(valid, 0.0, floor)  # harmless instead of NaN
     cache.length = end
-    mask = cache.mask[:, None, None, None, :end]  # [rows, 1, 1, 1, T]
+    mask = cache.mask[:, None, None, :end]  # [rows, 1, 1, T]
     if new > 1:  # causal within the new columns
         future = torch.ones((new, end), dtype=torch.bool).triu(start + 1)
         mask = mask.masked_fill(future, floor)
     hidden = F.embedding(tokens, w.embed).to(w.dtype)
     cos, sin = (t[:, :, None] for t in w.rotary(hidden, positions))  # [rows, S, 1, head_dim]
-    group, dim = w.heads // w.kv_heads, w.head_dim
+    dim = w.head_dim
     for i, layer in enumerate(w.layers):
         qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, w.eps))
         query, key, value = qkv.split((w.heads * dim, w.kv_heads * dim, w.kv_heads * dim), -1)
-        query = _rotate(query.view(rows, new, w.heads, dim), cos, sin)
+        query = _rotate(query.view(rows, new, w.heads, dim), cos, sin).transpose(1, 2)
         cache.keys[i, :, :, start:end] = _rotate(key.view(rows, new, w.kv_heads, dim), cos,
                                                  sin).transpose(1, 2)
         cache.values[i, :, :, start:end] = value.view(rows, new, w.kv_heads, dim).transpose(1, 2)
-        # query head h reads key/value head h // group: group the queries, never copy the keys
-        query = query.view(rows, new, w.kv_heads, group, dim).permute(0, 2, 3, 1, 4)
-        query = query.reshape(rows, w.kv_heads, group * new, dim)
-        scores = torch.matmul(query, cache.keys[i, :, :, :end].transpose(2, 3)) * dim ** -0.5
-        scores = scores.view(rows, w.kv_heads, group, new, end) + mask
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(w.dtype)
-        out = torch.matmul(probs.view(rows, w.kv_heads, group * new, end),
-                           cache.values[i, :, :, :end])
-        out = out.view(rows, w.kv_heads, group, new, dim).permute(0, 3, 1, 2, 4)
-        hidden = hidden + layer.out(out.reshape(rows, new, w.heads * dim))
+        # query head h reads key/value head h // group (enable_gqa: no repeated copies); the
+        # fused kernel keeps the softmax and its weighted sum in float32
+        out = F.scaled_dot_product_attention(query, cache.keys[i, :, :, :end],
+                                             cache.values[i, :, :, :end], attn_mask=mask,
+                                             enable_gqa=w.heads != w.kv_heads)
+        hidden = hidden + layer.out(out.transpose(1, 2).reshape(rows, new, w.heads * dim))
         gate, up = layer.gate_up(_rms_norm(hidden, layer.post_norm, w.eps)).chunk(2, dim=-1)
         hidden = hidden + layer.down(F.silu(gate) * up)
     return w.lm_head(_rms_norm(hidden[:, -1], w.norm, w.eps))

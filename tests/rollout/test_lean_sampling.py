@@ -50,13 +50,27 @@ def test_lean_sampling_matches_transformers_on_tiny_llama(tiny, params):
         assert len(set(a.lengths.tolist())) > 2 and "eos" in a.finish_reasons
 
 
-def test_lean_sampling_matches_transformers_in_bf16(tiny):
+def test_lean_sampling_in_bf16_is_as_close_to_the_float32_policy_as_transformers(tiny):
+    """In bf16 the two forwards round differently (the fused attention keeps its softmax and
+    weighted sum in float32, transformers' eager attention rounds the probabilities to bf16),
+    so on the tiny model's near-uniform distributions a drawn token may move to a neighbour.
+    Both must score their samples like the float32 policy, the lean one no worse."""
     model, tokenizer = tiny
     lean, plain = engines(model, tokenizer, precision="bf16")
     params = SamplingParams(temperature=1.0, max_new_tokens=30)
-    a = lean.generate(prompts(tokenizer), 4, params, seed=5)
-    b = plain.generate(prompts(tokenizer), 4, params, seed=5)
-    assert_same_rollouts(a, b, 1e-2)
+    errors = {}
+    for name, engine in (("lean", lean), ("plain", plain)):
+        errs = []
+        for seed in range(3):
+            out = engine.generate(prompts(tokenizer), 4, params, seed=seed)
+            batch = SequenceBatch.build(out.prompt_ids, out.response_ids, out.response_mask,
+                                        engine.pad_id)
+            with torch.no_grad():
+                logp, _ = response_logprobs(model, batch)
+            errs.append((logp - out.logprobs)[out.response_mask].abs())
+        errors[name] = torch.cat(errs)
+    assert errors["lean"].max() < 5e-3
+    assert errors["lean"].mean() < 1.2 * errors["plain"].mean()
 
 
 def test_lean_sampling_matches_transformers_on_a_qwen2_with_biases(tiny):
