@@ -74,11 +74,12 @@ def main() -> None:
         print(f"matmul peak {name}: {value:.0f} GFLOP/s")
     if args.skip_postrl:
         return
-    for precision in ("fp32", "bf16"):
+    for precision in ("fp32", "bf16", "bf16-master"):
         result = measure_postrl(args.model, precision)
-        share = result["train_gflops"] / peaks[precision]
+        peak = "fp32" if precision == "fp32" else "bf16"
+        share = result["train_gflops"] / peaks[peak]
         print(f"postrl {precision}: training {result['train_gflops']:.0f} GFLOP/s "
-              f"({share:.0%} of the {precision} peak, {result['train_s']:.1f} s), generation "
+              f"({share:.0%} of the {peak} peak, {result['train_s']:.1f} s), generation "
               f"{result['generate_tokens_per_s']:.0f} tokens/s ({result['generate_s']:.1f} s)")
 
 

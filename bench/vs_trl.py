@@ -11,8 +11,10 @@ round, for each precision; the first step of a child is a warm-up and is not cou
 
     python bench/vs_trl.py [--steps 3] [--rounds 2] [--precisions bf16,fp32]
 
-The last line is `speedup=X.XX rss_ratio=Y.YY` for postrl against TRL in its fastest working
-CPU setting (bf16 autocast): steps/s of postrl over TRL, and postrl's peak RSS over TRL's.
+In the bf16 setting TRL autocasts (its fastest working CPU setting) and postrl runs
+``--postrl-bf16`` (default ``bf16-master``: a bf16 working copy over float32 master weights;
+``bf16`` autocasts like TRL). The last line is `speedup=X.XX rss_ratio=Y.YY` for postrl's
+fastest setting against TRL's: steps/s of postrl over TRL, and postrl's peak RSS over TRL's.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def child(framework: str, steps: int, precision: str, micro_batch_size: int) -> 
 
 
 def spawn(framework: str, steps: int, precision: str, micro_batch_size: int) -> dict:
+    """One child run; ``precision`` is the framework's own (postrl: fp32, bf16, bf16-master)."""
     out = subprocess.run([sys.executable, __file__, "--child", framework, "--steps", str(steps),
                           "--micro-batch-size", str(micro_batch_size),
                           "--precisions", precision], capture_output=True, text=True)
@@ -144,6 +147,11 @@ def summary(results: list[dict]) -> dict:
     return out
 
 
+def own(framework: str, setting: str, postrl_bf16: str) -> str:
+    """The precision ``framework`` runs in the ``setting`` (fp32 or bf16) of the table."""
+    return postrl_bf16 if framework == "postrl" and setting == "bf16" else setting
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="timed steps per child")
@@ -151,6 +159,8 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--micro-batch-size", type=int, default=16,
                         help="postrl's rows per forward/backward (TRL scores all 32 at once)")
+    parser.add_argument("--postrl-bf16", default="bf16-master", choices=("bf16", "bf16-master"),
+                        help="postrl's precision in the bf16 setting (TRL autocasts)")
     parser.add_argument("--child", choices=("postrl", "trl"))
     args = parser.parse_args()
     if args.child:
@@ -162,19 +172,22 @@ def main() -> None:
         for round_index in range(args.rounds):
             order = ("postrl", "trl") if round_index % 2 == 0 else ("trl", "postrl")
             for framework in order:
-                runs[framework].append(spawn(framework, args.steps, precision,
-                                              args.micro_batch_size))
+                runs[framework].append(spawn(framework, args.steps,
+                                             own(framework, precision, args.postrl_bf16),
+                                             args.micro_batch_size))
                 print(f"  {precision} round {round_index + 1}: {framework} done", flush=True)
         table[precision] = {f: summary(r) for f, r in runs.items()}
-    print(f"\n{'setting':<14}{'step s':>9}{'generate s':>12}{'train s':>9}{'peak RSS MB':>13}")
+    print(f"\n{'setting':<19}{'step s':>9}{'generate s':>12}{'train s':>9}{'peak RSS MB':>13}")
     for precision, frameworks in table.items():
         for framework, s in frameworks.items():
-            print(f"{framework + ' ' + precision:<14}{s['step_s']:>9.2f}{s['generate_s']:>12.2f}"
+            setting = f"{framework} {own(framework, precision, args.postrl_bf16)}"
+            print(f"{setting:<19}{s['step_s']:>9.2f}{s['generate_s']:>12.2f}"
                   f"{s['train_s']:>9.2f}{s['peak_rss_mb']:>13.0f}")
     for precision, f in table.items():
         speedup = f["trl"]["step_s"] / f["postrl"]["step_s"]
         rss = f["postrl"]["peak_rss_mb"] / f["trl"]["peak_rss_mb"]
-        print(f"{precision} vs {precision}: speedup={speedup:.2f} rss_ratio={rss:.2f}")
+        mine = own("postrl", precision, args.postrl_bf16)
+        print(f"postrl {mine} vs TRL {precision}: speedup={speedup:.2f} rss_ratio={rss:.2f}")
     trl_best = "bf16" if "bf16" in table else next(iter(table))  # TRL's fastest CPU setting
     ours = min(table, key=lambda p: table[p]["postrl"]["step_s"])  # postrl's fastest
     theirs, mine = table[trl_best]["trl"], table[ours]["postrl"]

@@ -63,7 +63,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     max_grad_norm: float | None = 1.0
-    precision: str = "fp32"  # or "bf16": autocast matmuls, float32 master weights
+    precision: str = "fp32"  # bf16: autocast; bf16-master: bf16 working copy, float32 masters
     epochs: int = 1
     minibatches: int = 1
     micro_batch_size: int = 8

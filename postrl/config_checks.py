@@ -7,6 +7,7 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 from postrl.errors import ConfigError
+from postrl.models.precision import PRECISIONS
 from postrl.recipes import get_recipe
 
 if TYPE_CHECKING:
@@ -52,6 +53,9 @@ def validate_scaling(cfg: TrainConfig, fail) -> None:
     elif not _installed("ray"):
         fail("launcher", "launcher=ray needs Ray, which is not installed: "
              "pip install 'postrl[ray]'")
+    elif cfg.precision == "bf16-master":
+        fail("precision", "precision=bf16-master is not supported with launcher=ray yet (the "
+             "trainer workers have no bf16 working copy); use precision=bf16 (autocast)")
     if cfg.rollout_workers > cfg.prompts_per_step:
         fail("rollout_workers", f"rollout_workers={cfg.rollout_workers} exceeds the "
              f"{cfg.prompts_per_step} prompts of a round (prompts_per_step): every rollout "
@@ -107,8 +111,9 @@ def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
         fail("top_p", f"top_p must be in (0, 1], got {cfg.top_p}")
     if cfg.token_budget is not None and cfg.token_budget <= 0:
         fail("token_budget", f"token_budget must be > 0 or null, got {cfg.token_budget}")
-    if cfg.precision not in ("fp32", "bf16"):
-        fail("precision", f"precision must be fp32 or bf16, got {cfg.precision!r}")
+    if cfg.precision not in PRECISIONS:
+        fail("precision", f"precision must be one of {', '.join(PRECISIONS)}, got "
+             f"{cfg.precision!r}")
     if cfg.reward_errors not in ("raise", "zero"):
         fail("reward_errors", f"reward_errors must be raise or zero, got {cfg.reward_errors!r}")
     if cfg.reward_timeout_s is not None and cfg.reward_timeout_s <= 0:

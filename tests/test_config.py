@@ -54,6 +54,7 @@ def test_yaml_errors_name_file_and_line(tmp_path, text, message):
     ("minibatches=99", "minibatches=99 exceeds the 32 responses"),
     ("lr_schedule=step", "lr_schedule='step' is not one of constant, linear, cosine"),
     ("noequals", "'noequals' is not key=value"),
+    ("precision=fp16", "precision must be one of fp32, bf16, bf16-master, got 'fp16'"),
 ])
 def test_override_errors(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,13 +1,89 @@
-"""Mixed precision: bf16 autocast over float32 master weights."""
+"""Mixed precision: how a step computes in bf16 while the optimizer keeps float32 weights.
+
+- ``fp32``: everything in float32.
+- ``bf16``: autocast. The weights stay float32; matmuls run in bf16 (autocast casts each weight
+  once per minibatch and every activation before its matmul); element-wise work and every
+  log-softmax stay float32.
+- ``bf16-master``: a bf16 working copy of the policy computes the forward and backward (weights,
+  activations and their gradients in bf16; RMSNorm, the attention softmax and the vocabulary
+  reductions still in float32 inside their modules), while float32 master weights and AdamW's
+  moments take the update (Micikevicius et al. 2018, "Mixed Precision Training"). Each
+  micro-batch's bf16 gradient is added into the float32 master gradient as soon as autograd
+  has it, so accumulation over micro-batches is float32; after each optimizer step the working
+  copy is refreshed from the masters. Modules that are not the policy (the frozen reference,
+  PPO's critic) keep float32 weights and run under autocast.
+"""
 
 from __future__ import annotations
 
-import torch
+import copy
 
-PRECISIONS = ("fp32", "bf16")
+import torch
+from torch import nn
+
+PRECISIONS = ("fp32", "bf16", "bf16-master")
 
 
 def autocast(precision: str, device_type: str = "cpu"):
-    """A context running matmuls in bf16 (``precision="bf16"``) while the weights, the optimizer
-    state and every log-softmax stay float32; a no-op for ``"fp32"``."""
+    """Autocast to bf16 for ``precision="bf16"``; a no-op otherwise (the ``bf16-master`` policy
+    computes in its own bf16 weights)."""
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def float32_module_autocast(precision: str, device_type: str = "cpu"):
+    """For modules that keep float32 weights in every mode (reference, critic): autocast in
+    either bf16 mode."""
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision != "fp32")
+
+
+def sampling_dtype(precision: str, model_dtype: torch.dtype) -> torch.dtype:
+    """Rollouts sample in bf16 in either bf16 mode, otherwise in the policy's dtype."""
+    return torch.bfloat16 if precision != "fp32" else model_dtype
+
+
+def bf16_copy(model: nn.Module, trainable: bool = False) -> nn.Module:
+    """A copy of ``model`` with bf16 parameters (tied ones stay tied), made without a float32
+    intermediate; it keeps ``model``'s float32 buffers (RoPE's inverse frequencies among them:
+    casting a module casts its buffers too). ``trainable`` keeps each parameter's
+    ``requires_grad``; otherwise none requires a gradient."""
+    memo = {id(p): nn.Parameter(p.detach().to(torch.bfloat16),
+                                requires_grad=trainable and p.requires_grad)
+            for p in model.parameters()}
+    working = copy.deepcopy(model, memo)
+    theirs = dict(model.named_buffers())
+    for name, buffer in working.named_buffers():
+        if name in theirs and theirs[name].is_floating_point():
+            buffer.data = theirs[name].detach().clone()
+    return working
+
+
+class MasterWeights:
+    """``bf16-master``: ``working`` (a bf16 copy of ``master``) runs forward and backward; its
+    gradients land, in float32, on ``master``'s parameters, where ``master``'s optimizer finds
+    them; :meth:`refresh` copies the updated masters back into ``working``."""
+
+    def __init__(self, master: nn.Module) -> None:
+        self.master = master
+        self.working = bf16_copy(master, trainable=True)
+        self.pairs = [(m, w) for m, w in zip(master.parameters(), self.working.parameters(),
+                                             strict=True) if m.requires_grad]
+        for m, w in self.pairs:
+            w.register_post_accumulate_grad_hook(self._accumulate_into(m))
+
+    @staticmethod
+    def _accumulate_into(master: nn.Parameter):
+        def hook(working: nn.Parameter) -> None:
+            # float32 accumulation over micro-batches; the bf16 gradient is freed at once
+            if master.grad is None:
+                master.grad = working.grad.to(torch.float32)
+            else:
+                master.grad.add_(working.grad)
+            working.grad = None
+        return hook
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """The working copy := the masters, rounded to bf16 (after each optimizer step, and
+        after masters are loaded from a checkpoint)."""
+        for m, w in self.pairs:
+            w.copy_(m)

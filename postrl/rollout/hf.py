@@ -10,18 +10,18 @@ Llama-style models on the CPU are run by :mod:`postrl.rollout.lean` (fused, pack
 snapshotted at every ``generate`` call; a preallocated cache); any other model, and any model
 on a GPU, by transformers' own forward. The sampling loop runs on the model's device; the
 per-response generators stay on the CPU (the same draws on any device), and the rollouts come
-back on the CPU. With ``precision="bf16"`` both sample in bfloat16 from a copy of the current
-weights (autocast would re-cast every weight at every token); otherwise in the policy's dtype.
+back on the CPU. With ``precision="bf16"`` or ``"bf16-master"`` both sample in bfloat16 from a
+copy of the current weights (autocast would re-cast every weight at every token); otherwise in
+the policy's dtype.
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 from transformers import DynamicCache
 
 from postrl.models.logprobs import cache_keyword
+from postrl.models.precision import bf16_copy, sampling_dtype
 from postrl.rollout.base import Rollouts, SamplingParams, cat_right_padded
 from postrl.rollout.lean import LeanDecoder, LeanWeights, unsupported_reason
 from postrl.rollout.sampling import next_tokens, row_generators
@@ -69,16 +69,13 @@ class HFRolloutEngine:
     @torch.no_grad()
     def _sampling_model(self, rows: int):
         """What samples this call: lean weights, the policy itself, or its bf16 copy."""
-        dtype = torch.bfloat16 if self.precision == "bf16" else self.model.dtype
+        dtype = sampling_dtype(self.precision, self.model.dtype)
         if self.lean and model_device(self.model).type == "cpu":
             return LeanWeights.of(self.model, dtype, rows)
-        if self.precision != "bf16":
+        if self.precision == "fp32":
             return self.model
         if self._copy is None:  # bf16 parameters from the start: no float32 copy, no grads
-            memo = {id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
-                    for p in self.model.parameters()}
-            self._copy = copy.deepcopy(self.model, memo).to(dtype)
-            _keep_float32_buffers(self._copy, self.model)
+            self._copy = bf16_copy(self.model)
         for mine, theirs in zip(self._copy.parameters(), self.model.parameters(), strict=True):
             mine.copy_(theirs)
         return self._copy
@@ -192,14 +189,3 @@ class TransformersDecoder:
                          position_ids=positions[:, None], use_cache=True,
                          **{self.cache_keyword: self.cache})
         return out.logits[:, -1]
-
-
-def _keep_float32_buffers(copy_, model) -> None:
-    """Casting a module casts its buffers too, RoPE's inverse frequencies among them. Keep the
-    policy's float32 ones, as the policy and the lean forward use them. (On SmolLM2 the rounded
-    ones made no measurable difference to teacher-forced bf16 log-probs, mean error 0.012 from
-    the float32 policy either way; but they are not the policy's.)"""
-    theirs = dict(model.named_buffers())
-    for name, buffer in copy_.named_buffers():
-        if name in theirs and theirs[name].is_floating_point():
-            buffer.data = theirs[name].detach().clone()

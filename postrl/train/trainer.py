@@ -18,7 +18,7 @@ from postrl.errors import DataError, PostRLError
 from postrl.models import load_policy
 from postrl.models.logprobs import response_logprobs
 from postrl.models.policy import ReferencePolicy, ValueModel, apply_lora, causal_lm, save_policy
-from postrl.models.precision import autocast
+from postrl.models.precision import MasterWeights, autocast, float32_module_autocast
 from postrl.rewards import Scorer, load_reward, soft_overlong_penalty
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import cat_right_padded, select_rows
@@ -107,6 +107,8 @@ class Trainer:
         self.skipped_in_a_row = 0
         self.reward_errors = 0
         self.resumed_from = resume(self) if cfg.resume != "no" else None
+        # bf16-master: a bf16 working copy scores and trains; self.lm keeps the float32 masters
+        self.master = MasterWeights(self.lm) if cfg.precision == "bf16-master" else None
         self.cluster = None
         if cfg.launcher == "ray":  # rollout actors and trainer workers start from this state
             from postrl.distributed.cluster import start_cluster
@@ -290,9 +292,7 @@ class Trainer:
         kl_in_reward = self.recipe.needs_reference and self.recipe.kl_placement == "reward"
         parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "values": []}
         for micro in torch.split(rows, self.cfg.micro_batch_size):
-            sequences = batch.sequences(micro, self.engine.pad_id)
-            with autocast(self.cfg.precision):
-                self._prepare_micro(sequences, parts, kl_in_reward)
+            self._prepare_micro(batch.sequences(micro, self.engine.pad_id), parts, kl_in_reward)
         width = batch.response_ids.shape[1]
         stacked = {k: cat_right_padded(v, width=width) for k, v in parts.items() if v}
         batch.old_logp = stacked.get("old") if self.cfg.updates_per_batch > 1 else None
@@ -303,14 +303,23 @@ class Trainer:
 
     def _prepare_micro(self, sequences, parts: dict[str, list[torch.Tensor]],
                        kl_in_reward: bool) -> None:
-        temperature = self.cfg.temperature
-        if self.cfg.updates_per_batch > 1 or kl_in_reward:
-            parts["old"].append(response_logprobs(self.lm, sequences, temperature)[0])
-        if self.reference is not None:
-            parts["ref"].append(self.reference.logprobs(sequences, temperature,
-                                                        self.cfg.micro_batch_size))
-        if self.critic is not None:
-            parts["values"].append(self.critic.values(sequences))
+        temperature, precision = self.cfg.temperature, self.cfg.precision
+        if self.cfg.updates_per_batch > 1 or kl_in_reward:  # as the update will score them
+            with autocast(precision):
+                parts["old"].append(response_logprobs(self.scoring_lm, sequences,
+                                                      temperature)[0])
+        with float32_module_autocast(precision):  # the reference and the critic
+            if self.reference is not None:
+                parts["ref"].append(self.reference.logprobs(sequences, temperature,
+                                                            self.cfg.micro_batch_size))
+            if self.critic is not None:
+                parts["values"].append(self.critic.values(sequences))
+
+    @property
+    def scoring_lm(self):
+        """The model whose forward the update differentiates: the policy, or its bf16
+        working copy (``precision=bf16-master``)."""
+        return self.master.working if self.master is not None else self.lm
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:
         settings = UpdateSettings(
@@ -327,10 +336,11 @@ class Trainer:
                                           self.optimizer.param_groups[0]["lr"])
         else:
             self.policy.train()
+            self.scoring_lm.train()
             # with LoRA, self.lm is the base model with the adapters injected (and active)
-            models = Trainable(TokenScorer(self.lm), self.optimizer,
+            models = Trainable(TokenScorer(self.scoring_lm), self.optimizer,
                                ValueScorer(self.critic) if self.critic else None,
-                               self.critic_optimizer)
+                               self.critic_optimizer, self.master)
             results = run_updates(models, batch, self.recipe, self.loss_cfg, settings, plan)
             if self.cfg.rollout_backend == "vllm":  # the engine's copy of the weights
                 from postrl.distributed.weights import trainable_state

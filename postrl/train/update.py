@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from postrl.models.logprobs import SequenceBatch, response_logprobs
-from postrl.models.precision import autocast
+from postrl.models.precision import MasterWeights, autocast, float32_module_autocast
 from postrl.objectives import (
     BatchCounts,
     Diagnostics,
@@ -73,12 +73,20 @@ class ValueScorer(nn.Module):
 @dataclass
 class Trainable:
     """What one update trains: the policy (a :class:`TokenScorer`, possibly DDP-wrapped) and
-    optionally PPO's critic (a :class:`ValueScorer`), with their optimizers."""
+    optionally PPO's critic (a :class:`ValueScorer`), with their optimizers. With ``master``
+    (``precision=bf16-master``) the policy scores with the bf16 working copy and the optimizer
+    steps the float32 masters."""
 
     policy: nn.Module
     optimizer: torch.optim.Optimizer
     critic: nn.Module | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
+    master: MasterWeights | None = None
+
+    def trained_parameters(self) -> list[nn.Parameter]:
+        """The policy parameters the optimizer steps (whose gradients are clipped)."""
+        module = self.master.master if self.master is not None else self.policy
+        return [p for p in module.parameters() if p.requires_grad]
 
 
 class Replica:
@@ -213,13 +221,15 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
             finite = [a and b for a, b in zip(finite, micro_finite, strict=True)]
     policy_finite, critic_finite = replica.all_true(finite)
     if settings.train_policy:
-        params = [p for p in models.policy.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm or float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(models.trained_parameters(),
+                                              settings.max_grad_norm or float("inf"))
         if hasattr(norm, "full_tensor"):  # FSDP2's sharded gradients: the norm is a DTensor
             norm = norm.full_tensor()
         result.grad_norm = float(norm)
         if policy_finite and torch.isfinite(norm):
             models.optimizer.step()
+            if models.master is not None:
+                models.master.refresh()
         else:  # guard: never let a NaN or inf reach the weights
             models.optimizer.zero_grad(set_to_none=True)
             result.skipped = True
@@ -251,10 +261,11 @@ def _micro_step(models: Trainable, batch: TrainBatch, micro: Tensor, scale: floa
             need_entropy_grad, scale)
         if scale:
             result.diagnostics = result.diagnostics.merge(diagnostics)
-    if models.critic is not None:
-        value, clip_share = _critic_micro_step(models.critic, sequences, batch, micro, width,
-                                               mask, recipe, loss_cfg, counts, settings.device,
-                                               scale)
+    if models.critic is not None:  # float32 weights: autocast in either bf16 mode
+        with float32_module_autocast(settings.precision, torch.device(settings.device).type):
+            value, clip_share = _critic_micro_step(models.critic, sequences, batch, micro,
+                                                   width, mask, recipe, loss_cfg, counts,
+                                                   settings.device, scale)
         critic_finite = math.isfinite(value)
         if scale:
             result.value_loss += value

@@ -33,6 +33,8 @@ BASE = ["model=tiny", "prompts_per_step=2", "group_size=4", "max_new_tokens=4", 
     (["launcher=ray", "weight_sync=nccl"],
      "weight_sync='nccl' is not one of auto, object_store, broadcast"),
     (["weight_sync=broadcast"], "weight_sync=broadcast needs launcher=ray"),
+    (["launcher=ray", "precision=bf16-master"],
+     "precision=bf16-master is not supported with launcher=ray yet"),
 ])
 def test_bad_scaling_options_name_the_option(options, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

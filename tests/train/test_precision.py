@@ -1,11 +1,12 @@
-"""bf16 autocast must not change the maths beyond a documented tolerance (docs/performance.md):
-one step's loss and gradients in bf16 against fp32, on the tiny model."""
+"""Neither bf16 mode may change the maths beyond a documented tolerance (docs/performance.md):
+one step's loss and gradients in bf16 (autocast; a bf16 working copy over float32 masters)
+against fp32, on the tiny model."""
 
 import torch
 
 from postrl.models import load_policy
 from postrl.models.logprobs import SequenceBatch, response_logprobs
-from postrl.models.precision import autocast
+from postrl.models.precision import MasterWeights, autocast
 from postrl.objectives import BatchCounts, PolicyLossConfig, PolicyLossInputs, policy_loss
 
 LOSS_TOLERANCE = 1e-3  # relative, on the loss (measured: 6.5e-5)
@@ -43,3 +44,79 @@ def test_bf16_autocast_matches_fp32_within_tolerance():
     cosine = torch.nn.functional.cosine_similarity(grad16, grad32, dim=0)
     assert cosine > GRADIENT_COSINE
     assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights
+
+
+
+def rows_data(tokenizer):
+    generator = torch.Generator().manual_seed(0)
+    prompts = [tokenizer(f"What is {i} + {i}?", add_special_tokens=False).input_ids
+               for i in range(6)]
+    responses = torch.randint(100, 5000, (6, 10), generator=generator)
+    mask = torch.arange(10) < torch.tensor([10, 7, 3, 10, 1, 5]).unsqueeze(1)
+    return prompts, responses, mask, torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+
+
+def backward_in_micro_batches(model, data, parts, pad_id):
+    """The token-mean loss of all rows, each micro-batch (a list of rows) run and backward-ed
+    on its own with the global counts; the summed loss."""
+    prompts, responses, mask, advantages = data
+    cfg = PolicyLossConfig(ratio="token", clip_low=0.2, clip_high=0.28, aggregation="token_mean")
+    counts, total = BatchCounts.of(mask), 0.0
+    for rows in parts:
+        index = torch.tensor(rows)
+        batch = SequenceBatch.build([prompts[r] for r in rows], responses[index], mask[index],
+                                    pad_id)
+        logp, _ = response_logprobs(model, batch)
+        out = policy_loss(PolicyLossInputs(logp, logp.detach() + 0.05, advantages[index],
+                                           mask[index]), cfg, counts)
+        out.loss.backward()
+        total += out.loss.item()
+    return total
+
+
+def flat_grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def test_bf16_master_matches_fp32_and_accumulates_in_float32():
+    model, tokenizer = load_policy("tiny", seed=3)
+    data, pad = rows_data(tokenizer), tokenizer.pad_token_id
+    parts = [[0, 1, 2], [3, 4, 5]]
+    loss32 = backward_in_micro_batches(model, data, parts, pad)
+    grad32 = flat_grads(model)
+    model.zero_grad(set_to_none=True)
+
+    master = MasterWeights(model)
+    assert all(p.dtype == torch.bfloat16 for p in master.working.parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert master.working.lm_head.weight is master.working.model.embed_tokens.weight  # tied
+    assert master.working.model.rotary_emb.inv_freq.dtype == torch.float32
+    loss16 = backward_in_micro_batches(master.working, data, parts, pad)
+    grad16 = flat_grads(model)  # the hooks moved every gradient onto the masters
+    assert grad16.dtype == torch.float32
+    assert all(p.grad is None for p in master.working.parameters())
+    assert abs(loss16 - loss32) <= LOSS_TOLERANCE * abs(loss32)
+    assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > GRADIENT_COSINE
+
+    # accumulation over micro-batches is float32: the sum of each part's own gradient
+    separate = []
+    for part in parts:
+        model.zero_grad(set_to_none=True)
+        backward_in_micro_batches(master.working, data, [part], pad)
+        separate.append(flat_grads(model).clone())
+    assert torch.allclose(grad16, separate[0] + separate[1], rtol=0, atol=1e-7)
+    assert not torch.equal((separate[0].bfloat16() + separate[1].bfloat16()).float(), grad16)
+
+
+def test_bf16_master_steps_the_masters_and_refreshes_the_working_copy():
+    model, tokenizer = load_policy("tiny", seed=3)
+    master = MasterWeights(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in model.parameters()]
+    backward_in_micro_batches(master.working, rows_data(tokenizer), [[0, 1, 2, 3, 4, 5]],
+                              tokenizer.pad_token_id)
+    optimizer.step()
+    master.refresh()
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    for p, w in zip(model.parameters(), master.working.parameters(), strict=True):
+        assert torch.equal(w, p.detach().bfloat16())

@@ -59,6 +59,16 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path, recipe, w
     assert metrics_without_clock(tmp_path / "resumed") == expected
 
 
+def test_bf16_master_resumes_exactly(tmp_path):
+    """The working copy is rebuilt from the resumed float32 masters, so the resumed run's
+    bf16 forwards are the uninterrupted run's."""
+    extra = ("precision=bf16-master",)
+    Trainer(load_config(None, options(tmp_path / "whole", "grpo", *extra))).train()
+    resumed = kill_then_resume(tmp_path / "resumed", "grpo", "after_log", 2, *extra)
+    assert resumed.resumed_from == 1
+    assert metrics_without_clock(tmp_path / "resumed") == metrics_without_clock(tmp_path / "whole")
+
+
 def test_keep_last_and_manifest_checks(tmp_path):
     Trainer(load_config(None, options(tmp_path / "run", "grpo"))).train()
     root = tmp_path / "run" / "checkpoints"

@@ -138,6 +138,30 @@ def test_lora_trains_only_adapters_against_the_base_as_reference(tmp_path):
     assert (tmp_path / "grpo" / "final" / "config.json").is_file()
 
 
+@pytest.mark.parametrize("recipe, extra", [
+    ("ppo", ()),  # reference and critic keep float32 weights (autocast)
+    ("gspo", ("epochs=2", "minibatches=2")),  # old log-probs from the working copy
+    ("grpo", ("lora.r=4", "lora.target_modules=[q_proj]")),  # only the adapters have masters
+])
+def test_bf16_master_trains_float32_masters_through_a_bf16_working_copy(tmp_path, recipe, extra):
+    trainer = Trainer(tiny_config(tmp_path, recipe, "precision=bf16-master", "steps=2", *extra))
+    working = trainer.master.working
+    assert trainer.scoring_lm is working
+    before = [p.detach().clone() for p in trainer.lm.parameters()]
+    trainer.train()
+    rows = read_metrics(tmp_path / recipe)
+    assert all(r["loss/total"] == r["loss/total"] and r["grad/norm"] > 0 for r in rows)
+    changed = [not torch.equal(a, p) for a, p in zip(before, trainer.lm.parameters(),
+                                                     strict=True)]
+    assert any(changed)
+    for master, copy in zip(trainer.lm.parameters(), working.parameters(), strict=True):
+        assert master.dtype == torch.float32 and copy.dtype == torch.bfloat16
+        assert torch.equal(copy, master.detach().bfloat16())  # refreshed after every step
+    if recipe == "ppo":
+        assert all("kl/mean" in r and "loss/value" in r for r in rows)
+        assert all(p.dtype == torch.float32 for p in trainer.critic.parameters())
+
+
 def test_several_updates_per_batch_go_off_policy(tmp_path):
     """With 2 epochs x 2 minibatches the old log-probs are computed once, before the first
     update; later updates see ratios != 1, so GSPO's tiny clip range becomes active."""
