@@ -148,9 +148,9 @@ class KVCache:
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    hidden = x.float()
-    hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * hidden.to(x.dtype)
+    """The fused kernel: it reduces in float32 (bf16 input too) and rounds once, after the
+    weight (transformers also rounds before the weight)."""
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -177,11 +177,13 @@ def forward(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
     dim = w.head_dim
     for i, layer in enumerate(w.layers):
         qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, w.eps))
-        query, key, value = qkv.split((w.heads * dim, w.kv_heads * dim, w.kv_heads * dim), -1)
-        query = _rotate(query.view(rows, new, w.heads, dim), cos, sin).transpose(1, 2)
-        cache.keys[i, :, :, start:end] = _rotate(key.view(rows, new, w.kv_heads, dim), cos,
-                                                 sin).transpose(1, 2)
-        cache.values[i, :, :, start:end] = value.view(rows, new, w.kv_heads, dim).transpose(1, 2)
+        # queries and keys rotate together: they are the first columns of qkv
+        heads = w.heads + w.kv_heads
+        rotated = _rotate(qkv[..., : heads * dim].view(rows, new, heads, dim), cos, sin)
+        query = rotated[:, :, : w.heads].transpose(1, 2)
+        cache.keys[i, :, :, start:end] = rotated[:, :, w.heads:].transpose(1, 2)
+        cache.values[i, :, :, start:end] = qkv[..., heads * dim:].view(
+            rows, new, w.kv_heads, dim).transpose(1, 2)
         # query head h reads key/value head h // group (enable_gqa: no repeated copies); the
         # fused kernel keeps the softmax and its weighted sum in float32
         out = F.scaled_dot_product_attention(query, cache.keys[i, :, :, :end],
