@@ -47,19 +47,25 @@ def test_bf16_autocast_matches_fp32_within_tolerance():
 
 
 
-def rows_data(tokenizer):
+def rows_data(model, tokenizer):
+    """Six rows, their advantages, and fixed old log-probs (the float32 model's, shifted: a
+    slightly off-policy batch, so that the loss depends on the new log-probs)."""
     generator = torch.Generator().manual_seed(0)
     prompts = [tokenizer(f"What is {i} + {i}?", add_special_tokens=False).input_ids
                for i in range(6)]
     responses = torch.randint(100, 5000, (6, 10), generator=generator)
     mask = torch.arange(10) < torch.tensor([10, 7, 3, 10, 1, 5]).unsqueeze(1)
-    return prompts, responses, mask, torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, SequenceBatch.build(prompts, responses, mask,
+                                                               tokenizer.pad_token_id))
+    old = logp + 0.05 * torch.sin(torch.arange(logp.numel()).view_as(logp).float())
+    return prompts, responses, mask, torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0]), old
 
 
 def backward_in_micro_batches(model, data, parts, pad_id):
     """The token-mean loss of all rows, each micro-batch (a list of rows) run and backward-ed
     on its own with the global counts; the summed loss."""
-    prompts, responses, mask, advantages = data
+    prompts, responses, mask, advantages, old = data
     cfg = PolicyLossConfig(ratio="token", clip_low=0.2, clip_high=0.28, aggregation="token_mean")
     counts, total = BatchCounts.of(mask), 0.0
     for rows in parts:
@@ -67,8 +73,8 @@ def backward_in_micro_batches(model, data, parts, pad_id):
         batch = SequenceBatch.build([prompts[r] for r in rows], responses[index], mask[index],
                                     pad_id)
         logp, _ = response_logprobs(model, batch)
-        out = policy_loss(PolicyLossInputs(logp, logp.detach() + 0.05, advantages[index],
-                                           mask[index]), cfg, counts)
+        out = policy_loss(PolicyLossInputs(logp, old[index], advantages[index], mask[index]),
+                          cfg, counts)
         out.loss.backward()
         total += out.loss.item()
     return total
@@ -80,7 +86,7 @@ def flat_grads(model):
 
 def test_bf16_master_matches_fp32_and_accumulates_in_float32():
     model, tokenizer = load_policy("tiny", seed=3)
-    data, pad = rows_data(tokenizer), tokenizer.pad_token_id
+    data, pad = rows_data(model, tokenizer), tokenizer.pad_token_id
     parts = [[0, 1, 2], [3, 4, 5]]
     loss32 = backward_in_micro_batches(model, data, parts, pad)
     grad32 = flat_grads(model)
@@ -95,7 +101,7 @@ def test_bf16_master_matches_fp32_and_accumulates_in_float32():
     grad16 = flat_grads(model)  # the hooks moved every gradient onto the masters
     assert grad16.dtype == torch.float32
     assert all(p.grad is None for p in master.working.parameters())
-    assert abs(loss16 - loss32) <= LOSS_TOLERANCE * abs(loss32)
+    assert loss16 != loss32 and abs(loss16 - loss32) <= LOSS_TOLERANCE * abs(loss32)
     assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > GRADIENT_COSINE
 
     # accumulation over micro-batches is float32: the sum of each part's own gradient
@@ -113,8 +119,8 @@ def test_bf16_master_steps_the_masters_and_refreshes_the_working_copy():
     master = MasterWeights(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in model.parameters()]
-    backward_in_micro_batches(master.working, rows_data(tokenizer), [[0, 1, 2, 3, 4, 5]],
-                              tokenizer.pad_token_id)
+    backward_in_micro_batches(master.working, rows_data(model, tokenizer),
+                              [[0, 1, 2, 3, 4, 5]], tokenizer.pad_token_id)
     optimizer.step()
     master.refresh()
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
