@@ -43,18 +43,13 @@ def sampling_dtype(precision: str, model_dtype: torch.dtype) -> torch.dtype:
 
 def bf16_copy(model: nn.Module, trainable: bool = False) -> nn.Module:
     """A copy of ``model`` with bf16 parameters (tied ones stay tied), made without a float32
-    intermediate; it keeps ``model``'s float32 buffers (RoPE's inverse frequencies among them:
-    casting a module casts its buffers too). ``trainable`` keeps each parameter's
-    ``requires_grad``; otherwise none requires a gradient."""
+    intermediate. Only the parameters are cast: buffers are copied as they are, so RoPE's
+    inverse frequencies stay float32 (``module.to(bf16)`` would round them). ``trainable``
+    keeps each parameter's ``requires_grad``; otherwise none requires a gradient."""
     memo = {id(p): nn.Parameter(p.detach().to(torch.bfloat16),
                                 requires_grad=trainable and p.requires_grad)
             for p in model.parameters()}
-    working = copy.deepcopy(model, memo)
-    theirs = dict(model.named_buffers())
-    for name, buffer in working.named_buffers():
-        if name in theirs and theirs[name].is_floating_point():
-            buffer.data = theirs[name].detach().clone()
-    return working
+    return copy.deepcopy(model, memo)
 
 
 class MasterWeights:

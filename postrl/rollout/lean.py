@@ -174,11 +174,10 @@ def forward(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
         mask = mask.masked_fill(future, floor)
     hidden = F.embedding(tokens, w.embed).to(w.dtype)
     cos, sin = (t[:, :, None] for t in w.rotary(hidden, positions))  # [rows, S, 1, head_dim]
-    dim = w.head_dim
+    dim, heads = w.head_dim, w.heads + w.kv_heads  # heads: of queries and keys together
     for i, layer in enumerate(w.layers):
         qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, w.eps))
         # queries and keys rotate together: they are the first columns of qkv
-        heads = w.heads + w.kv_heads
         rotated = _rotate(qkv[..., : heads * dim].view(rows, new, heads, dim), cos, sin)
         query = rotated[:, :, : w.heads].transpose(1, 2)
         cache.keys[i, :, :, start:end] = rotated[:, :, w.heads:].transpose(1, 2)
