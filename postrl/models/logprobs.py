@@ -14,12 +14,15 @@ is most of a group's prompt tokens not recomputed, forward and backward.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import DynamicCache
 
+from postrl.models.packing import Packing, attention_bias, pack_responses
 from postrl.models.vocab import logprob_and_entropy
 
 
@@ -94,16 +97,35 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True) -> 
                          attention_mask=batch.attention_mask[prompts, :width],
                          position_ids=batch.position_ids[prompts, :width], use_cache=True,
                          **{keyword: cache})
+    if response_width == 1:
+        return prompt.last_hidden_state[rows, -1:]  # predicts the first response token
+    packing = pack_responses(batch.input_ids[:, width:], batch.attention_mask[:, width:],
+                             batch.position_ids[:, width:], rows)
+    if packing is not None:
+        return _packed_hidden(model, batch, prompts, prompt.last_hidden_state[:, -1], cache,
+                              packing)
     cache.reorder_cache(rows)  # each row gets its prompt's keys and values (a differentiable
     # index_select: their gradients add up over the rows of the prompt)
-    last = prompt.last_hidden_state[rows, -1:]  # predicts the first response token
-    if response_width == 1:
-        return last
+    last = prompt.last_hidden_state[rows, -1:]
     responses = model.model(
         input_ids=batch.input_ids[:, width:-1], attention_mask=batch.attention_mask[:, :-1],
         position_ids=batch.position_ids[:, width:-1], use_cache=True,
         **{keyword: cache}).last_hidden_state
     return torch.cat([last, responses], dim=1)
+
+
+def _packed_hidden(model, batch: SequenceBatch, prompts: Tensor, prompt_last: Tensor,
+                   cache: DynamicCache, packing: Packing) -> Tensor:
+    """:func:`response_hidden` with the responses packed into fewer rows
+    (:mod:`postrl.models.packing`); ``cache`` holds the distinct prompts' keys and values."""
+    cache.reorder_cache(packing.prompts)
+    bias = attention_bias(packing, batch.attention_mask[prompts, :batch.prompt_width],
+                          prompt_last.dtype)  # the residual stream's, as transformers' masks
+    packed = model.model(input_ids=packing.input_ids, attention_mask=bias,
+                         position_ids=packing.position_ids, use_cache=True,
+                         **{cache_keyword(model.model): cache}).last_hidden_state
+    hidden = torch.cat([prompt_last, packed.flatten(0, 1)]).index_select(0, packing.source)
+    return hidden.view(*batch.input_ids[:, batch.prompt_width:].shape, -1)
 
 
 def cache_keyword(module) -> str:
@@ -129,3 +151,24 @@ def _unflatten(parts: list[Tensor], scored: Tensor) -> Tensor:
     flat = torch.cat(parts)
     return torch.zeros(scored.shape, dtype=flat.dtype, device=flat.device).masked_scatter(
         scored, flat)
+
+
+@contextmanager
+def sparse_embedding_grad(model) -> Iterator[None]:
+    """Forwards inside make the input embedding's gradient sparse (the rows of the tokens
+    used) when the embedding is tied to the LM head and trained: the dense gradient then
+    comes from the head alone, and the embedding lookup no longer fills and adds a
+    vocabulary-sized tensor in every forward (about 113 MB each for SmolLM2 in float32).
+    The tied parameter's ``.grad`` stays dense (dense + sparse), so clipping and fused AdamW
+    see what they always do. Untied embeddings keep dense gradients."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = (isinstance(embedding, nn.Embedding) and head is not None
+            and embedding.weight is head.weight and embedding.weight.requires_grad)
+    if not tied:
+        yield
+        return
+    before, embedding.sparse = embedding.sparse, True
+    try:
+        yield
+    finally:
+        embedding.sparse = before

@@ -338,7 +338,8 @@ class Trainer:
             self.policy.train()
             self.scoring_lm.train()
             # with LoRA, self.lm is the base model with the adapters injected (and active)
-            models = Trainable(TokenScorer(self.scoring_lm), self.optimizer,
+            models = Trainable(TokenScorer(self.scoring_lm, sparse_embedding=True),
+                               self.optimizer,
                                ValueScorer(self.critic) if self.critic else None,
                                self.critic_optimizer, self.master)
             results = run_updates(models, batch, self.recipe, self.loss_cfg, settings, plan)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from postrl.models.logprobs import SequenceBatch, response_logprobs
+from postrl.models.logprobs import SequenceBatch, response_logprobs, sparse_embedding_grad
 from postrl.models.precision import MasterWeights, autocast, float32_module_autocast
 from postrl.objectives import (
     BatchCounts,
@@ -48,15 +48,18 @@ class UpdateSettings:
 class TokenScorer(nn.Module):
     """Per-token log-probs and entropies of a causal LM as a module's ``forward``: a
     data-parallel wrapper (DDP) synchronises through the forward it wraps. ``share_prompts``
-    off runs every row's prompt (FSDP2 needs the same forward calls on every rank)."""
+    off runs every row's prompt (FSDP2 needs the same forward calls on every rank);
+    ``sparse_embedding`` makes a tied input embedding's gradient sparse (one process only:
+    the data-parallel wrappers are not tested with it)."""
 
-    def __init__(self, lm, share_prompts: bool = True) -> None:
+    def __init__(self, lm, share_prompts: bool = True, sparse_embedding: bool = False) -> None:
         super().__init__()
-        self.lm, self.share_prompts = lm, share_prompts
+        self.lm, self.share_prompts, self.sparse_embedding = lm, share_prompts, sparse_embedding
 
     def forward(self, sequences: SequenceBatch, temperature: float, entropy_grad: bool):
-        return response_logprobs(self.lm, sequences, temperature, with_entropy=True,
-                                 entropy_grad=entropy_grad, share_prompts=self.share_prompts)
+        with sparse_embedding_grad(self.lm) if self.sparse_embedding else nullcontext():
+            return response_logprobs(self.lm, sequences, temperature, with_entropy=True,
+                                     entropy_grad=entropy_grad, share_prompts=self.share_prompts)
 
 
 class ValueScorer(nn.Module):

@@ -1,7 +1,9 @@
 """Model loading (bundled SmolLM2, local directories, tiny), LoRA, reference policy, saving."""
 
+import copy
 import functools
 import importlib.util
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from postrl.config import load_config
 from postrl.errors import ConfigError
 from postrl.models import load_policy, loading
-from postrl.models.logprobs import SequenceBatch, response_logprobs
+from postrl.models.logprobs import SequenceBatch, response_logprobs, sparse_embedding_grad
 from postrl.models.policy import ReferencePolicy, apply_lora, causal_lm, save_policy
 from postrl.train.trainer import Trainer
 
@@ -48,6 +50,34 @@ def test_logprobs_are_chunk_invariant_and_padding_independent(tiny):
     torch.testing.assert_close(whole, chunked)
     torch.testing.assert_close(whole[0], single[0], atol=1e-5, rtol=0)
     assert (entropy >= 0).all()
+
+
+def test_a_tied_embedding_gets_sparse_rows_that_add_up_to_the_dense_gradient(tiny):
+    """Inside ``sparse_embedding_grad`` the lookup's own gradient is sparse, the tied
+    parameter's accumulated ``.grad`` is the dense one (head + embedding rows) exactly as
+    without it; an untied embedding is left dense."""
+    model, tokenizer = tiny
+    embedding = model.get_input_embeddings()
+    ids = torch.tensor([[5, 7, 5]])
+    with sparse_embedding_grad(model):
+        (lookup,) = torch.autograd.grad(embedding(ids).sum(), embedding.weight)
+    assert lookup.is_sparse and not embedding.sparse
+    batch = batch_of(tokenizer)
+    grads = []
+    for sparse in (False, True):
+        model.zero_grad(set_to_none=True)
+        with sparse_embedding_grad(model) if sparse else nullcontext():
+            logp, _ = response_logprobs(model, batch)
+        (logp * torch.arange(1.0, 4.0)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    model.zero_grad(set_to_none=True)
+    assert grads[1]["model.embed_tokens.weight"].layout == torch.strided
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5)
+    untied = copy.deepcopy(model)
+    untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
+    with sparse_embedding_grad(untied):
+        assert not untied.get_input_embeddings().sparse
 
 
 def test_local_directory_round_trip(tiny, tmp_path):
@@ -136,19 +166,30 @@ def test_logprobs_of_a_batch_without_scored_tokens_are_zero_and_back_propagate(t
     model.zero_grad(set_to_none=True)
 
 
-def test_rows_sharing_a_prompt_share_its_forward_and_match_their_own_forwards(tiny):
+@pytest.mark.parametrize(("lengths", "packed_rows"), [
+    ([5, 1, 3, 5, 2, 0], 3),  # segments [4] and [2, 1] after the short prompt, [4] after
+    # the long one (a response of one token, or none, needs no segment)
+    ([5, 1, 3, 5, 0, 2], 4),  # [4], [2] and [4], [1]
+    ([5, 5, 5, 5, 5, 5], 6),  # nothing to pack: one padded row each
+    ([5, 3, 1, 5, 4, 4], 6),  # mid-response masked tokens ([1, 0, 1, 1, 0]): padded rows
+])
+def test_rows_sharing_a_prompt_share_its_forward_and_match_their_own_forwards(
+        tiny, lengths, packed_rows):
     """Two groups with prompts of different lengths, interleaved, responses of different
     lengths (one of a single token, one fully masked): the shared-prompt forward runs each
-    prompt once and gives each row's log-probs, entropies and parameter gradients as if the
-    row were scored alone."""
+    prompt once, packs the responses of a prompt into fewer rows where they fit, and gives
+    each row's log-probs, entropies and parameter gradients as if the row were scored
+    alone."""
     model, tokenizer = tiny
     short = tokenizer("What is 1 + 1?", add_special_tokens=False).input_ids
     long = tokenizer("Add the numbers seven and eight, please.", add_special_tokens=False).input_ids
     prompts = [short, long, short, long, short, long]
     generator = torch.Generator().manual_seed(0)
     responses = torch.randint(5, 100, (6, 5), generator=generator)
-    lengths = torch.tensor([5, 1, 3, 5, 0, 2])
+    lengths = torch.tensor(lengths)
     mask = torch.arange(5)[None] < lengths[:, None]
+    if lengths[2] == 1:  # not a prefix: such a mask keeps the padded layout
+        mask[0] = torch.tensor([True, False, True, True, False])
     batch = SequenceBatch.build(prompts, responses, mask, tokenizer.pad_token_id)
 
     prompt_rows = []
@@ -165,7 +206,7 @@ def test_rows_sharing_a_prompt_share_its_forward_and_match_their_own_forwards(ti
     finally:
         del model.model.forward
     assert prompt_rows[0] == (2, batch.prompt_width)  # the two distinct prompts, once each
-    assert prompt_rows[1] == (6, 4)  # every row's response but its last token
+    assert prompt_rows[1] == (packed_rows, 4)  # the responses but their last tokens
     model.zero_grad()
     (logp * torch.arange(1, 7)[:, None]).sum().backward()
     shared = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -181,7 +222,7 @@ def test_rows_sharing_a_prompt_share_its_forward_and_match_their_own_forwards(ti
         ((row + 1) * row_logp).sum().backward()
     for name, param in model.named_parameters():
         torch.testing.assert_close(shared[name], param.grad, atol=1e-5, rtol=1e-4, msg=name)
-    assert (logp[4] == 0).all() and (logp[1, 1:] == 0).all()
+    assert (logp[~mask] == 0).all() and (entropy[~mask] == 0).all()
 
 
 def test_a_prompt_that_begins_with_the_padding_token_is_not_taken_for_a_shorter_one(tiny):
