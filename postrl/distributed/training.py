@@ -119,7 +119,8 @@ class TrainWorker:
         for group in self.models.optimizer.param_groups:
             group["lr"] = lr
         self.policy.train()
-        settings = dataclasses.replace(settings, device=self.device)
+        settings = dataclasses.replace(settings, device=self.device,
+                                       share_prompts=self.cfg.train_parallel != "fsdp2")
         return run_updates(self.models, batch, self.recipe, self.loss_cfg, settings, plan,
                            self.replica)
 

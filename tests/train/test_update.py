@@ -1,0 +1,63 @@
+"""How an optimizer step's rows become micro-batches, and that the arrangement (prompt
+groups packed, length-sorted padded rows, one micro-batch) changes no update."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from postrl.train.batch import TrainBatch, assemble
+from postrl.train.trainer import Trainer
+from postrl.train.update import (
+    TokenScorer,
+    Trainable,
+    UpdateSettings,
+    prompt_grouped,
+    run_updates,
+)
+from tests.train.test_trainer import tiny_config
+
+
+def test_prompt_grouped_keeps_a_prompts_rows_together_longest_group_first():
+    prompts = [[1, 2], [3], [1, 2], [3], [4, 4, 4], [1, 2]]
+    lengths = torch.tensor([5, 9, 2, 1, 3, 7])
+    batch = TrainBatch(prompts, torch.zeros(6, 9, dtype=torch.long),
+                       torch.zeros(6, 9, dtype=torch.bool), torch.zeros(6),
+                       torch.zeros(6, dtype=torch.bool), lengths,
+                       torch.zeros(6, dtype=torch.bool), group_size=1)
+    # totals (prompt + response): 7, 10, 4, 2, 6, 9 -> [3]: 10; [1, 2]: 9; [4, 4, 4]: 6
+    assert prompt_grouped(torch.arange(6), batch).tolist() == [1, 3, 5, 0, 2, 4]
+    assert prompt_grouped(torch.tensor([4, 2, 0]), batch).tolist() == [0, 2, 4]
+
+
+def test_packed_prompt_groups_give_the_update_of_padded_rows_and_of_one_micro_batch(tmp_path):
+    """grpo on the tiny model, 3 prompts x 4 samples of different lengths: 2-row and 5-row
+    micro-batches of packed prompt groups, length-sorted padded rows without shared prompts
+    (as under FSDP2), and the whole batch at once make the same optimizer step."""
+    trainer = Trainer(tiny_config(tmp_path, "grpo", "prompts_per_step=3", "max_new_tokens=16"))
+    timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
+    batch = assemble(trainer._generate_round(0, timings), overlong_filter=False)
+    # the random tiny model never stops: cut its responses to lengths 0..16 (packing needs
+    # short ones), one fully masked
+    batch.lengths = torch.tensor([16, 3, 9, 1, 12, 16, 5, 7, 2, 14, 16, 10])
+    batch.response_mask = torch.arange(16)[None] < batch.lengths[:, None]
+    batch.response_mask[3] = False
+    trainer._prepare(batch)
+    settings = UpdateSettings(epochs=1, minibatches=1, micro_batch_size=2, temperature=1.0,
+                              max_grad_norm=None, pad_id=trainer.engine.pad_id)
+    plan = [torch.arange(batch.rows)]
+    after = []
+    for micro, share in ((2, True), (5, True), (2, False), (batch.rows, True)):
+        lm = copy.deepcopy(trainer.lm).train()
+        optimizer = torch.optim.SGD(lm.parameters(), lr=1.0)  # the step is the gradient
+        results = run_updates(Trainable(TokenScorer(lm, share, sparse_embedding=share), optimizer),
+                    batch, trainer.recipe, trainer.loss_cfg,
+                    dataclasses.replace(settings, micro_batch_size=micro, share_prompts=share),
+                    plan)
+        after.append((results[0].grad_norm, lm.state_dict()))
+    assert after[0][0] > 1e-3  # a real gradient
+    for norm, state in after[1:]:
+        assert norm == pytest.approx(after[0][0], rel=1e-5)
+        for name, value in after[0][1].items():
+            torch.testing.assert_close(state[name], value, atol=1e-6, rtol=1e-5, msg=name)
