@@ -5,7 +5,8 @@
 Peak: the best of several large square matmuls per dtype. Training phase: model FLOPs of one
 forward+backward on bench/vs_trl.py's batch (4 prompts x 8 completions), counted as 6 * parameters
 * tokens (each prompt once per group), divided by the measured time. Generation: tokens per
-second.
+second, and time per decode step against the time to read the sampling weights once at
+the measured memory-copy rate (decoding a few rows is bound by memory bandwidth, not FLOPs).
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float
         a @ b
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best / 1e9
+
+
+def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """GB/s of the fastest clone of a ``megabytes`` buffer, counting the bytes read and the
+    bytes written."""
+    source = torch.ones(megabytes * 2**20 // 4)
+    source.clone()  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        source.clone()
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() * 4 / best / 1e9
 
 
 def training_flops(model, tokens: int) -> float:
@@ -57,8 +71,13 @@ def measure_postrl(model_spec: str, precision: str) -> dict[str, float]:
     # per group, the least work that can give the gradient (a prompt whose rows fall into
     # several micro-batches runs once in each, so the achieved FLOP/s is a lower bound)
     trained = tokens + prompt_tokens * cfg.prompts_per_step
+    weight_bytes = sum(p.numel() for p in trainer.lm.parameters()) * (
+        4 if precision == "fp32" else 2)  # what every decode step reads: the sampling weights
     return {"train_gflops": training_flops(trainer.lm, trained) / last["time/train_s"] / 1e9,
             "generate_tokens_per_s": tokens / last["time/generate_s"],
+            # one forward per token of the longest response (prefill and scoring included)
+            "generate_ms_per_step": 1e3 * last["time/generate_s"] / max(last["length/max"], 1),
+            "weight_mb": weight_bytes / 1e6,
             "train_s": last["time/train_s"], "generate_s": last["time/generate_s"]}
 
 
@@ -72,6 +91,8 @@ def main() -> None:
                                                            ("bf16", torch.bfloat16))}
     for name, value in peaks.items():
         print(f"matmul peak {name}: {value:.0f} GFLOP/s")
+    bandwidth = copy_bandwidth()
+    print(f"memory copy: {bandwidth:.1f} GB/s (bytes read + written)")
     if args.skip_postrl:
         return
     for precision in ("fp32", "bf16", "bf16-master"):
@@ -80,7 +101,10 @@ def main() -> None:
         share = result["train_gflops"] / peaks[peak]
         print(f"postrl {precision}: training {result['train_gflops']:.0f} GFLOP/s "
               f"({share:.0%} of the {peak} peak, {result['train_s']:.1f} s), generation "
-              f"{result['generate_tokens_per_s']:.0f} tokens/s ({result['generate_s']:.1f} s)")
+              f"{result['generate_tokens_per_s']:.0f} tokens/s ({result['generate_s']:.1f} s, "
+              f"{result['generate_ms_per_step']:.0f} ms per decode step, against "
+              f"{result['weight_mb'] / bandwidth:.0f} ms to read its "
+              f"{result['weight_mb']:.0f} MB of weights once at the copy rate)")
 
 
 if __name__ == "__main__":
