@@ -8,7 +8,9 @@ whole vocabulary for the whole batch at once: tokens are processed in chunks.
 Rows that share a prompt (the G samples of a group) share its forward: each distinct prompt
 runs once, and its keys and values are repeated for its rows' responses (the result is the
 full forward's, up to the order of float sums). With a 45-token chat prompt and G = 8, that
-is most of a group's prompt tokens not recomputed, forward and backward.
+is most of a group's prompt tokens not recomputed, forward and backward. Their responses are
+then packed into fewer rows where they fit (``postrl/models/packing.py``), so the padding of
+short responses is not computed either.
 """
 
 from __future__ import annotations
