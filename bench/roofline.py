@@ -18,30 +18,29 @@ import time
 import torch
 
 
+def fastest(call, repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` calls, after one warm-up call."""
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
     """GFLOP/s of the fastest of ``repeats`` ``size x size`` matmuls."""
     a = torch.randn(size, size, dtype=dtype)
     b = torch.randn(size, size, dtype=dtype)
-    a @ b  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
+    return 2 * size**3 / fastest(lambda: a @ b, repeats) / 1e9
 
 
 def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
     """GB/s of the fastest clone of a ``megabytes`` buffer, counting the bytes read and the
     bytes written."""
     source = torch.ones(megabytes * 2**20 // 4)
-    source.clone()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        source.clone()
-        best = min(best, time.perf_counter() - start)
-    return 2 * source.numel() * 4 / best / 1e9
+    return 2 * source.numel() * 4 / fastest(source.clone, repeats) / 1e9
 
 
 def training_flops(model, tokens: int) -> float:
@@ -53,6 +52,7 @@ def training_flops(model, tokens: int) -> float:
 
 def measure_postrl(model_spec: str, precision: str) -> dict[str, float]:
     from postrl.config import load_config
+    from postrl.models.precision import sampling_dtype
     from postrl.train.trainer import Trainer
 
     cfg = load_config(None, [f"model={model_spec}", "recipe=dr_grpo", "steps=3", "quiet=true",
@@ -71,8 +71,9 @@ def measure_postrl(model_spec: str, precision: str) -> dict[str, float]:
     # per group, the least work that can give the gradient (a prompt whose rows fall into
     # several micro-batches runs once in each, so the achieved FLOP/s is a lower bound)
     trained = tokens + prompt_tokens * cfg.prompts_per_step
-    weight_bytes = sum(p.numel() for p in trainer.lm.parameters()) * (
-        4 if precision == "fp32" else 2)  # what every decode step reads: the sampling weights
+    # what every decode step reads: the sampling weights
+    weight_bytes = sum(p.numel() for p in trainer.lm.parameters()) * sampling_dtype(
+        precision, trainer.lm.dtype).itemsize
     return {"train_gflops": training_flops(trainer.lm, trained) / last["time/train_s"] / 1e9,
             "generate_tokens_per_s": tokens / last["time/generate_s"],
             # one forward per token of the longest response (prefill and scoring included)

@@ -105,7 +105,7 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True) -> 
                              batch.position_ids[:, width:], rows)
     if packing is not None:
         return _packed_hidden(model, batch, prompts, prompt.last_hidden_state[:, -1], cache,
-                              packing)
+                              keyword, packing)
     cache.reorder_cache(rows)  # each row gets its prompt's keys and values (a differentiable
     # index_select: their gradients add up over the rows of the prompt)
     last = prompt.last_hidden_state[rows, -1:]
@@ -117,15 +117,16 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True) -> 
 
 
 def _packed_hidden(model, batch: SequenceBatch, prompts: Tensor, prompt_last: Tensor,
-                   cache: DynamicCache, packing: Packing) -> Tensor:
+                   cache: DynamicCache, keyword: str, packing: Packing) -> Tensor:
     """:func:`response_hidden` with the responses packed into fewer rows
-    (:mod:`postrl.models.packing`); ``cache`` holds the distinct prompts' keys and values."""
+    (:mod:`postrl.models.packing`); ``cache`` (passed as ``keyword``) holds the distinct
+    prompts' keys and values."""
     cache.reorder_cache(packing.prompts)
     bias = attention_bias(packing, batch.attention_mask[prompts, :batch.prompt_width],
                           prompt_last.dtype)  # the residual stream's, as transformers' masks
     packed = model.model(input_ids=packing.input_ids, attention_mask=bias,
                          position_ids=packing.position_ids, use_cache=True,
-                         **{cache_keyword(model.model): cache}).last_hidden_state
+                         **{keyword: cache}).last_hidden_state
     hidden = torch.cat([prompt_last, packed.flatten(0, 1)]).index_select(0, packing.source)
     return hidden.view(*batch.input_ids[:, batch.prompt_width:].shape, -1)
 

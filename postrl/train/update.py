@@ -147,13 +147,10 @@ def prompt_grouped(rows: Tensor, batch: TrainBatch) -> Tensor:
     a group's responses pack into few rows (``postrl/models/packing.py``). On the bench's
     batch (4 prompts x 8 samples, 16-row micro-batches) that is 19% fewer tokens through
     the model than length-sorted padded rows, and 7% fewer than length-sorted packed ones."""
-    total = {i: len(batch.prompt_ids[i]) + int(batch.lengths[i]) for i in rows.tolist()}
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i in rows.tolist():
+    groups: dict[tuple[int, ...], list[int]] = {}  # in order of each group's longest row
+    for i in length_sorted(rows, batch).tolist():
         groups.setdefault(tuple(batch.prompt_ids[i]), []).append(i)
-    ordered = sorted(groups.values(), key=lambda members: -max(total[i] for i in members))
-    return torch.tensor([i for members in ordered
-                         for i in sorted(members, key=lambda i: -total[i])], dtype=torch.long)
+    return torch.tensor([i for members in groups.values() for i in members], dtype=torch.long)
 
 
 def replica_micro_batches(rows: Tensor, rank: int, size: int, micro_batch_size: int,
