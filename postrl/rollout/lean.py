@@ -158,6 +158,27 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def _attend(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    """Attention of ``query [rows, S, heads, dim]`` over the cache's ``keys``/``values``
+    ``[rows, kv_heads, T, dim]``; ``[rows, S, heads * dim]``. Query head ``h`` reads key/value
+    head ``h // group``. PyTorch's fused kernel keeps the softmax and its weighted sum in
+    float32.
+
+    Decoding (``S == 1``), a group's query heads become the query positions of their shared
+    key/value head (the mask has no causal part to tell them apart), so the kernel reads each
+    cached key and value once instead of once per query head, as ``enable_gqa`` does.
+    """
+    rows, new, heads, dim = query.shape
+    kv_heads = keys.shape[1]
+    if new == 1:
+        grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
+        return out.reshape(rows, 1, heads * dim)
+    out = F.scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=mask,
+                                         enable_gqa=heads != kv_heads)
+    return out.transpose(1, 2).reshape(rows, new, heads * dim)
+
+
 @torch.inference_mode()
 def forward(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
             valid: Tensor) -> Tensor:
@@ -179,16 +200,12 @@ def forward(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
         qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, w.eps))
         # queries and keys rotate together: they are the first columns of qkv
         rotated = _rotate(qkv[..., : heads * dim].view(rows, new, heads, dim), cos, sin)
-        query = rotated[:, :, : w.heads].transpose(1, 2)
         cache.keys[i, :, :, start:end] = rotated[:, :, w.heads:].transpose(1, 2)
         cache.values[i, :, :, start:end] = qkv[..., heads * dim:].view(
             rows, new, w.kv_heads, dim).transpose(1, 2)
-        # query head h reads key/value head h // group (enable_gqa: no repeated copies); the
-        # fused kernel keeps the softmax and its weighted sum in float32
-        out = F.scaled_dot_product_attention(query, cache.keys[i, :, :, :end],
-                                             cache.values[i, :, :, :end], attn_mask=mask,
-                                             enable_gqa=w.heads != w.kv_heads)
-        hidden = hidden + layer.out(out.transpose(1, 2).reshape(rows, new, w.heads * dim))
+        out = _attend(rotated[:, :, : w.heads], cache.keys[i, :, :, :end],
+                      cache.values[i, :, :, :end], mask)
+        hidden = hidden + layer.out(out)
         gate, up = layer.gate_up(_rms_norm(hidden, layer.post_norm, w.eps)).chunk(2, dim=-1)
         hidden = hidden + layer.down(F.silu(gate) * up)
     return w.lm_head(_rms_norm(hidden[:, -1], w.norm, w.eps))
