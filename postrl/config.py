@@ -99,6 +99,8 @@ class TrainConfig:
     log_samples: int = 4
     report_to: list[str] = field(default_factory=list)
     threads: int | None = None
+    reuse_freed_memory: bool = True  # glibc's malloc keeps freed memory for reuse instead of
+    #   returning it to the kernel: large tensors stop paying for fresh pages (postrl/process.py)
     quiet: bool = False
 
     @property

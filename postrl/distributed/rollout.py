@@ -18,6 +18,7 @@ from postrl.config import TrainConfig
 from postrl.distributed.broadcast import Layout, WeightChannel, gpu_uuid
 from postrl.distributed.failures import COLLECTIVE_TIMEOUT, gather
 from postrl.distributed.weights import load_trainable, worker_device
+from postrl.process import configure_process
 from postrl.rollout import HFRolloutEngine, Rollouts, SamplingParams
 from postrl.rollout.base import cat_right_padded
 
@@ -72,7 +73,7 @@ class RolloutWorker:
     """The body of one rollout actor: a rollout engine over its own copy of the policy."""
 
     def __init__(self, cfg: TrainConfig, policy_state: dict, threads: int) -> None:
-        torch.set_num_threads(threads)
+        configure_process(threads, cfg.reuse_freed_memory)
         self.device = worker_device(cfg)
         self.engine, self._load = build_engine(cfg, policy_state)
         self.channel: WeightChannel | None = None  # weight_sync=broadcast

@@ -36,6 +36,7 @@ from postrl.distributed.weights import (
     whole_trainable,
     worker_device,
 )
+from postrl.process import configure_process
 from postrl.train.batch import TrainBatch
 from postrl.train.update import (
     RoundResult,
@@ -63,7 +64,7 @@ class TrainWorker:
         from postrl.models.policy import ValueModel, causal_lm
         from postrl.train.trainer import load_trained_policy
 
-        torch.set_num_threads(threads)
+        configure_process(threads, cfg.reuse_freed_memory)
         self.cfg, self.rank, self.size = cfg, rank, size
         self.recipe = cfg.build_recipe()
         self.loss_cfg = self.recipe.policy_loss_config(cfg.max_new_tokens)

@@ -5,7 +5,6 @@ components; nothing here branches on a recipe's name."""
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 import warnings
@@ -19,6 +18,7 @@ from postrl.models import load_policy
 from postrl.models.logprobs import response_logprobs
 from postrl.models.policy import ReferencePolicy, ValueModel, apply_lora, causal_lm, save_policy
 from postrl.models.precision import MasterWeights, autocast, float32_module_autocast
+from postrl.process import configure_process
 from postrl.rewards import Scorer, load_reward, soft_overlong_penalty
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import cat_right_padded, select_rows
@@ -76,7 +76,7 @@ class Trainer:
         self.cfg = cfg
         self.recipe = cfg.build_recipe()
         self.loss_cfg = self.recipe.policy_loss_config(cfg.max_new_tokens)
-        torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+        configure_process(cfg.threads, cfg.reuse_freed_memory)
         seed_everything(cfg.seed)
         self.run = RunDir.create(cfg.run_dir(), overwrite=cfg.overwrite,
                                  resume=cfg.resume != "no")

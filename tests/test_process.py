@@ -1,0 +1,58 @@
+"""keep_freed_memory: large tensors come from malloc's heap and their memory stays there
+for reuse, instead of being mapped and unmapped at every allocation.
+
+Each case runs in a fresh interpreter: the setting is process-wide, and this one may already
+have it (every Trainer applies it).
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from postrl.process import _glibc_function
+
+PROBE = textwrap.dedent("""
+    import ctypes, sys
+    import torch
+    from postrl.process import _glibc_function, keep_freed_memory
+
+    class MallInfo2(ctypes.Structure):  # glibc >= 2.33
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    info = _glibc_function("mallinfo2")
+    info.restype = MallInfo2
+    applied = keep_freed_memory() if sys.argv[1] == "keep" else None
+    size = 64 * 2**20
+    tensor = torch.ones(size // 4)  # 64 MB, twice glibc's largest mmap threshold
+    held = info()
+    del tensor
+    freed = info()
+    print(applied, held.hblkhd >= size, freed.fordblks >= size)
+""")
+
+
+def probe(mode: str) -> str:
+    done = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+needs_glibc = pytest.mark.skipif(_glibc_function("mallinfo2") is None,
+                                 reason="needs glibc >= 2.33")
+
+
+@needs_glibc
+def test_by_default_a_large_tensor_is_mapped_and_its_memory_returned():
+    applied, mapped, kept = probe("default")
+    assert (mapped, kept) == ("True", "False")
+
+
+@needs_glibc
+def test_keep_freed_memory_serves_large_tensors_from_the_heap_and_keeps_them():
+    applied, mapped, kept = probe("keep")
+    assert (applied, mapped, kept) == ("True", "False", "True")
