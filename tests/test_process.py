@@ -25,7 +25,17 @@ PROBE = textwrap.dedent("""
 
     info = _glibc_function("mallinfo2")
     info.restype = MallInfo2
-    applied = keep_freed_memory() if sys.argv[1] == "keep" else None
+    if sys.argv[1] == "keep":
+        applied = keep_freed_memory()
+    elif sys.argv[1].startswith("trainer"):  # the option, through a real Trainer
+        from postrl.config import load_config
+        from postrl.train.trainer import Trainer
+
+        Trainer(load_config(None, ["model=tiny", "task=arithmetic", "quiet=true",
+                                   f"out={sys.argv[2]}", sys.argv[1].split(":")[1]]))
+        applied = None
+    else:
+        applied = None
     size = 64 * 2**20
     tensor = torch.ones(size // 4)  # 64 MB, twice glibc's largest mmap threshold
     held = info()
@@ -35,8 +45,8 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def probe(mode: str) -> str:
-    done = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
+def probe(*args: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
@@ -56,3 +66,9 @@ def test_by_default_a_large_tensor_is_mapped_and_its_memory_returned():
 def test_keep_freed_memory_serves_large_tensors_from_the_heap_and_keeps_them():
     applied, mapped, kept = probe("keep")
     assert (applied, mapped, kept) == ("True", "False", "True")
+
+
+@needs_glibc
+def test_the_trainer_keeps_freed_memory_unless_told_not_to(tmp_path):
+    assert probe("trainer:reuse_freed_memory=true", str(tmp_path / "on"))[1:] == ["False", "True"]
+    assert probe("trainer:reuse_freed_memory=false", str(tmp_path / "off"))[1:] == ["True", "False"]
