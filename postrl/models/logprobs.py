@@ -16,11 +16,13 @@ short responses is not computed either.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache
 
@@ -55,13 +57,15 @@ class SequenceBatch:
 def response_logprobs(
     model, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False,
     chunk_rows: int = 8, entropy_grad: bool = False, share_prompts: bool = True,
+    head_grad_in_place: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``(logp [N, T], entropy [N, T] or None)`` of the response tokens, temperature-scaled.
 
     Gradients flow into ``logp`` when called outside ``torch.no_grad``; the entropy carries a
     gradient only with ``entropy_grad`` (an entropy bonus or entropy-guided mixing), otherwise
     it is a detached diagnostic. Positions outside the response mask hold 0. Rows with the
-    same prompt share its forward unless ``share_prompts`` is off.
+    same prompt share its forward unless ``share_prompts`` is off. ``head_grad_in_place``:
+    see :func:`lm_head_chunks` (one process only).
     """
     response_width = batch.input_ids.shape[1] - batch.prompt_width
     hidden = response_hidden(model, batch, share_prompts)
@@ -70,12 +74,13 @@ def response_logprobs(
     scored = batch.attention_mask[:, batch.prompt_width:].bool()
     hidden, targets = hidden[scored], batch.input_ids[:, batch.prompt_width:][scored]
     chunk = chunk_rows * max(response_width, 1)
+    head = lm_head_chunks(model) if head_grad_in_place else model.lm_head
     logps, entropies = [], []
     # at least one (possibly empty) chunk, so that a batch without a scored token still gives
     # a result attached to the graph (a zero loss that can be back-propagated)
     for start in range(0, max(hidden.shape[0], 1), chunk):
         logp, entropy = logprob_and_entropy(
-            model.lm_head(hidden[start : start + chunk]), targets[start : start + chunk],
+            head(hidden[start : start + chunk]), targets[start : start + chunk],
             temperature, entropy_grad and torch.is_grad_enabled(), with_entropy)
         logps.append(logp)
         entropies.append(entropy)
@@ -129,6 +134,43 @@ def _packed_hidden(model, batch: SequenceBatch, prompts: Tensor, prompt_last: Te
                          **{keyword: cache}).last_hidden_state
     hidden = torch.cat([prompt_last, packed.flatten(0, 1)]).index_select(0, packing.source)
     return hidden.view(*batch.input_ids[:, batch.prompt_width:].shape, -1)
+
+
+def lm_head_chunks(model) -> Callable[[Tensor], Tensor]:
+    """The LM head for one chunk of tokens at a time, each chunk's weight gradient added in
+    place into the weight's ``.grad`` as soon as it is computed.
+
+    Through autograd, the chunks' weight gradients (one vocabulary-sized tensor each, 113 MB
+    for SmolLM2 in float32) are summed out of place, and so is their sum with the input
+    embedding's gradient when the weights are tied: a new vocabulary-sized tensor at every
+    addition. Here each chunk multiplies by its own alias of the weight (a leaf sharing its
+    storage), whose gradient is moved or added into the weight's ``.grad`` by a hook and then
+    dropped. Only for a trained LM head tied to the input embedding: the embedding lookup
+    then still reaches the weight's own gradient accumulator after every chunk (the lookup
+    comes first in the forward, last in the backward), so hooks on the weight, such as
+    ``bf16-master``'s, still see the whole gradient. Not under data-parallel wrappers, which
+    watch the weight's own accumulator. Anything else gets the plain head.
+    """
+    head, embedding = model.lm_head, model.get_input_embeddings()
+    weight = head.weight
+    if not (type(head) is nn.Linear and head.bias is None and embedding is not None
+            and weight is embedding.weight and weight.requires_grad and torch.is_grad_enabled()):
+        return head
+
+    def chunk_logits(hidden: Tensor) -> Tensor:
+        alias = weight.detach().requires_grad_()
+        alias.register_post_accumulate_grad_hook(partial(_add_grad_into, weight))
+        return F.linear(hidden, alias)
+
+    return chunk_logits
+
+
+def _add_grad_into(weight: Tensor, alias: Tensor) -> None:
+    if weight.grad is None:
+        weight.grad = alias.grad
+    else:
+        weight.grad.add_(alias.grad)
+    alias.grad = None
 
 
 def cache_keyword(module) -> str:

@@ -50,8 +50,9 @@ class TokenScorer(nn.Module):
     """Per-token log-probs and entropies of a causal LM as a module's ``forward``: a
     data-parallel wrapper (DDP) synchronises through the forward it wraps. ``share_prompts``
     off runs every row's prompt (FSDP2 needs the same forward calls on every rank);
-    ``sparse_embedding`` makes a tied input embedding's gradient sparse (one process only:
-    the data-parallel wrappers are not tested with it)."""
+    ``sparse_embedding`` makes a tied input embedding's gradient sparse and adds the LM
+    head's chunk gradients in place (one process only: the data-parallel wrappers watch each
+    parameter's own gradient accumulator)."""
 
     def __init__(self, lm, share_prompts: bool = True, sparse_embedding: bool = False) -> None:
         super().__init__()
@@ -60,7 +61,8 @@ class TokenScorer(nn.Module):
     def forward(self, sequences: SequenceBatch, temperature: float, entropy_grad: bool):
         with sparse_embedding_grad(self.lm) if self.sparse_embedding else nullcontext():
             return response_logprobs(self.lm, sequences, temperature, with_entropy=True,
-                                     entropy_grad=entropy_grad, share_prompts=self.share_prompts)
+                                     entropy_grad=entropy_grad, share_prompts=self.share_prompts,
+                                     head_grad_in_place=self.sparse_embedding)
 
 
 class ValueScorer(nn.Module):

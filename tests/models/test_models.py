@@ -12,7 +12,12 @@ from transformers import AutoModelForCausalLM
 from postrl.config import load_config
 from postrl.errors import ConfigError
 from postrl.models import load_policy, loading
-from postrl.models.logprobs import SequenceBatch, response_logprobs, sparse_embedding_grad
+from postrl.models.logprobs import (
+    SequenceBatch,
+    lm_head_chunks,
+    response_logprobs,
+    sparse_embedding_grad,
+)
 from postrl.models.policy import ReferencePolicy, apply_lora, causal_lm, save_policy
 from postrl.train.trainer import Trainer
 
@@ -78,6 +83,40 @@ def test_a_tied_embedding_gets_sparse_rows_that_add_up_to_the_dense_gradient(tin
     untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
     with sparse_embedding_grad(untied):
         assert not untied.get_input_embeddings().sparse
+
+
+def test_in_place_head_gradients_equal_autograd_and_reach_the_weights_own_hooks(tiny):
+    """``head_grad_in_place`` (one chunk per response row, two backward passes accumulated,
+    the embedding sparse as in training): every parameter's ``.grad`` is autograd's, and a
+    post-accumulate hook on the tied weight (as ``bf16-master`` registers) fires once per
+    backward with the whole gradient so far. An untied head is left to autograd."""
+    model, tokenizer = tiny
+    batch = batch_of(tokenizer)
+    weight = model.lm_head.weight
+    grads, seen = [], []
+    for in_place in (False, True):
+        model.zero_grad(set_to_none=True)
+        seen.clear()
+        hook = weight.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
+        for scale in (1.0, -0.5):
+            with sparse_embedding_grad(model):
+                logp, _ = response_logprobs(model, batch, chunk_rows=1,
+                                            head_grad_in_place=in_place)
+            (logp * torch.arange(1.0, 4.0) * scale).sum().backward()
+        hook.remove()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        assert len(seen) == 2
+        torch.testing.assert_close(seen[-1], weight.grad)
+    model.zero_grad(set_to_none=True)
+    assert grads[1]["model.embed_tokens.weight"].abs().sum() > 0  # the tied head
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5,
+                                   msg=name)
+    untied = copy.deepcopy(model)
+    untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
+    assert lm_head_chunks(untied) is untied.lm_head
+    with torch.no_grad():
+        assert lm_head_chunks(model) is model.lm_head
 
 
 def test_local_directory_round_trip(tiny, tmp_path):
