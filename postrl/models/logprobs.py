@@ -151,11 +151,11 @@ def lm_head_chunks(model) -> Callable[[Tensor], Tensor]:
     ``bf16-master``'s, still see the whole gradient. Not under data-parallel wrappers, which
     watch the weight's own accumulator. Anything else gets the plain head.
     """
-    head, embedding = model.lm_head, model.get_input_embeddings()
-    weight = head.weight
-    if not (type(head) is nn.Linear and head.bias is None and embedding is not None
-            and weight is embedding.weight and weight.requires_grad and torch.is_grad_enabled()):
+    head = model.lm_head
+    if not (_trained_tied_embedding(model) and type(head) is nn.Linear and head.bias is None
+            and torch.is_grad_enabled()):
         return head
+    weight = head.weight
 
     def chunk_logits(hidden: Tensor) -> Tensor:
         alias = weight.detach().requires_grad_()
@@ -206,14 +206,19 @@ def sparse_embedding_grad(model) -> Iterator[None]:
     vocabulary-sized tensor in every forward (about 113 MB each for SmolLM2 in float32).
     The tied parameter's ``.grad`` stays dense (dense + sparse), so clipping and fused AdamW
     see what they always do. Untied embeddings keep dense gradients."""
-    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-    tied = (isinstance(embedding, nn.Embedding) and head is not None
-            and embedding.weight is head.weight and embedding.weight.requires_grad)
-    if not tied:
+    if not _trained_tied_embedding(model):
         yield
         return
+    embedding = model.get_input_embeddings()
     before, embedding.sparse = embedding.sparse, True
     try:
         yield
     finally:
         embedding.sparse = before
+
+
+def _trained_tied_embedding(model) -> bool:
+    """The input embedding is a plain lookup whose weight is the LM head's, and is trained."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    return (isinstance(embedding, nn.Embedding) and head is not None
+            and embedding.weight is head.weight and embedding.weight.requires_grad)
