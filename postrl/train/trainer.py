@@ -338,7 +338,7 @@ class Trainer:
             self.policy.train()
             self.scoring_lm.train()
             # with LoRA, self.lm is the base model with the adapters injected (and active)
-            models = Trainable(TokenScorer(self.scoring_lm, sparse_embedding=True),
+            models = Trainable(TokenScorer(self.scoring_lm, tied_grads_in_place=True),
                                self.optimizer,
                                ValueScorer(self.critic) if self.critic else None,
                                self.critic_optimizer, self.master)

@@ -50,19 +50,21 @@ class TokenScorer(nn.Module):
     """Per-token log-probs and entropies of a causal LM as a module's ``forward``: a
     data-parallel wrapper (DDP) synchronises through the forward it wraps. ``share_prompts``
     off runs every row's prompt (FSDP2 needs the same forward calls on every rank);
-    ``sparse_embedding`` makes a tied input embedding's gradient sparse and adds the LM
-    head's chunk gradients in place (one process only: the data-parallel wrappers watch each
-    parameter's own gradient accumulator)."""
+    ``tied_grads_in_place`` builds a tied embedding/LM-head weight's gradient without
+    vocabulary-sized temporaries: the lookup's gradient sparse, the head's chunk gradients
+    added in place (one process only: the data-parallel wrappers watch each parameter's own
+    gradient accumulator)."""
 
-    def __init__(self, lm, share_prompts: bool = True, sparse_embedding: bool = False) -> None:
+    def __init__(self, lm, share_prompts: bool = True, tied_grads_in_place: bool = False) -> None:
         super().__init__()
-        self.lm, self.share_prompts, self.sparse_embedding = lm, share_prompts, sparse_embedding
+        self.lm, self.share_prompts = lm, share_prompts
+        self.tied_grads_in_place = tied_grads_in_place
 
     def forward(self, sequences: SequenceBatch, temperature: float, entropy_grad: bool):
-        with sparse_embedding_grad(self.lm) if self.sparse_embedding else nullcontext():
+        with sparse_embedding_grad(self.lm) if self.tied_grads_in_place else nullcontext():
             return response_logprobs(self.lm, sequences, temperature, with_entropy=True,
                                      entropy_grad=entropy_grad, share_prompts=self.share_prompts,
-                                     head_grad_in_place=self.sparse_embedding)
+                                     head_grad_in_place=self.tied_grads_in_place)
 
 
 class ValueScorer(nn.Module):

@@ -51,7 +51,8 @@ def test_packed_prompt_groups_give_the_update_of_padded_rows_and_of_one_micro_ba
     for micro, share in ((2, True), (5, True), (2, False), (batch.rows, True)):
         lm = copy.deepcopy(trainer.lm).train()
         optimizer = torch.optim.SGD(lm.parameters(), lr=1.0)  # the step is the gradient
-        results = run_updates(Trainable(TokenScorer(lm, share, sparse_embedding=share), optimizer),
+        scorer = TokenScorer(lm, share, tied_grads_in_place=share)
+        results = run_updates(Trainable(scorer, optimizer),
                     batch, trainer.recipe, trainer.loss_cfg,
                     dataclasses.replace(settings, micro_batch_size=micro, share_prompts=share),
                     plan)
