@@ -4,7 +4,10 @@
 
 Peak: the best of several large square matmuls per dtype. Training phase: model FLOPs of one
 forward+backward on bench/vs_trl.py's batch (4 prompts x 8 completions), counted as 6 * parameters
-* tokens (each prompt once per group), divided by the measured time. Generation: tokens per
+* tokens (each prompt once per group), divided by the measured time; also set against the
+matmul rate at the model's own shapes (every linear layer's forward and two backward matmuls at
+one micro-batch's token count, each timed alone), the most the training phase could reach if
+it were nothing but its matmuls. Generation: tokens per
 second, and time per decode step against the time to read the sampling weights once at the
 measured memory-read rate (a decode step reads every weight once; with 32 rows its fp32
 matmuls are about as much arithmetic as that read takes, with fewer rows the read is the bound).
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from functools import partial
 
 import torch
 
@@ -43,6 +47,29 @@ def read_bandwidth(megabytes: int = 1024, repeats: int = 5) -> float:
     return source.numel() * 4 / fastest(source.sum, repeats) / 1e9
 
 
+def shapes_rate(model, dtype: torch.dtype, tokens: int, head_tokens: int,
+                repeats: int = 3) -> float:
+    """GFLOP/s of the training phase's own matmuls: for every linear layer of ``model`` (the
+    LM head at ``head_tokens`` rows, the others at ``tokens``), the forward ``X W^T`` and the
+    backward ``dY W`` and ``dY^T X``, each the fastest of ``repeats``, weighted by its FLOPs."""
+    head = model.get_output_embeddings()
+    counts: dict[tuple[int, int, int], int] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            rows = head_tokens if module is head else tokens
+            shape = (rows, *module.weight.shape)
+            counts[shape] = counts.get(shape, 0) + 1
+    flops = seconds = 0.0
+    for (rows, out_features, in_features), count in counts.items():
+        x = torch.randn(rows, in_features, dtype=dtype)
+        weight = torch.randn(out_features, in_features, dtype=dtype)
+        grad = torch.randn(rows, out_features, dtype=dtype)
+        for left, right in ((x, weight.T), (grad, weight), (grad.T, x)):
+            seconds += count * fastest(partial(torch.matmul, left, right), repeats)
+            flops += count * 2.0 * rows * out_features * in_features
+    return flops / seconds / 1e9
+
+
 def training_flops(model, tokens: int) -> float:
     """6 N T: forward 2NT and backward 4NT over the weights (attention scores, a few per
     cent at these lengths, are left out, so the achieved FLOP/s is slightly understated)."""
@@ -50,7 +77,7 @@ def training_flops(model, tokens: int) -> float:
     return 6.0 * params * tokens
 
 
-def measure_postrl(model_spec: str, precision: str) -> dict[str, float]:
+def measure_postrl(model_spec: str, precision: str) -> dict:
     from postrl.config import load_config
     from postrl.models.precision import sampling_dtype
     from postrl.train.trainer import Trainer
@@ -61,6 +88,7 @@ def measure_postrl(model_spec: str, precision: str) -> dict[str, float]:
                              "out=/tmp/postrl-roofline", "overwrite=true",
                              f"precision={precision}"])
     trainer = Trainer(cfg)
+    micro_batches = -(-cfg.prompts_per_step * cfg.group_size // cfg.micro_batch_size)
     rows = []
     for _ in range(cfg.steps):
         rows.append(trainer.train_step())
@@ -79,6 +107,9 @@ def measure_postrl(model_spec: str, precision: str) -> dict[str, float]:
             # one forward per token of the longest response (prefill and scoring included)
             "generate_ms_per_step": 1e3 * last["time/generate_s"] / max(last["length/max"], 1),
             "weight_mb": weight_bytes / 1e6,
+            # one micro-batch's rows, as its linear layers see them
+            "tokens_per_micro_batch": trained / micro_batches,
+            "head_tokens_per_micro_batch": tokens / micro_batches, "model": trainer.lm,
             "train_s": last["time/train_s"], "generate_s": last["time/generate_s"]}
 
 
@@ -100,8 +131,14 @@ def main() -> None:
         result = measure_postrl(args.model, precision)
         peak = "fp32" if precision == "fp32" else "bf16"
         share = result["train_gflops"] / peaks[peak]
+        at_shapes = shapes_rate(result["model"], torch.float32 if peak == "fp32" else
+                                torch.bfloat16, round(result["tokens_per_micro_batch"]),
+                                round(result["head_tokens_per_micro_batch"]))
         print(f"postrl {precision}: training {result['train_gflops']:.0f} GFLOP/s "
-              f"({share:.0%} of the {peak} peak, {result['train_s']:.1f} s), generation "
+              f"({share:.0%} of the {peak} peak, {result['train_s']:.1f} s; its matmuls alone "
+              f"run at {at_shapes:.0f} GFLOP/s at the model's shapes, "
+              f"{at_shapes / peaks[peak]:.0%} of the peak; training reaches "
+              f"{result['train_gflops'] / at_shapes:.0%} of that), generation "
               f"{result['generate_tokens_per_s']:.0f} tokens/s ({result['generate_s']:.1f} s, "
               f"{result['generate_ms_per_step']:.0f} ms per decode step, against "
               f"{result['weight_mb'] / bandwidth:.0f} ms to read its "
