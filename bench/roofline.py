@@ -2,15 +2,15 @@
 
     python bench/roofline.py [--model smollm2-135m-instruct] [--skip-postrl]
 
-Peak: the best of several large square matmuls per dtype. Training phase: model FLOPs of one
-forward+backward on bench/vs_trl.py's batch (4 prompts x 8 completions), counted as 6 * parameters
-* tokens (each prompt once per group), divided by the measured time; also set against the
-matmul rate at the model's own shapes (every linear layer's forward and two backward matmuls at
-one micro-batch's token count, each timed alone), the most the training phase could reach if
-it were nothing but its matmuls. Generation: tokens per
-second, and time per decode step against the time to read the sampling weights once at the
-measured memory-read rate (a decode step reads every weight once; with 32 rows its fp32
-matmuls are about as much arithmetic as that read takes, with fewer rows the read is the bound).
+Peak: the best of several large square matmuls per dtype (three sizes, ten calls each).
+Training phase: model FLOPs of one forward+backward on bench/vs_trl.py's batch (4 prompts x 8
+completions), counted as 6 * parameters * tokens (each prompt once per group), divided by the
+measured time; also set against the matmul rate at the model's own shapes (every linear
+layer's forward and two backward matmuls at one micro-batch's token count, each timed alone),
+the most the training phase could reach if it were nothing but its matmuls. Generation: tokens
+per second, and time per decode step against the time to read the sampling weights once at the
+measured memory-read rate (a decode step reads every weight once: with few rows that read is
+the bound; with 32 rows in fp32 the matmuls' arithmetic takes longer than the read).
 """
 
 from __future__ import annotations
@@ -34,11 +34,16 @@ def fastest(call, repeats: int) -> float:
     return best
 
 
-def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """GFLOP/s of the fastest of ``repeats`` ``size x size`` matmuls."""
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
-    return 2 * size**3 / fastest(lambda: a @ b, repeats) / 1e9
+def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048, 3072),
+                repeats: int = 10) -> float:
+    """GFLOP/s of the fastest square matmul, over ``sizes`` and ``repeats`` calls of each (a
+    peak: the best seen; one size at 5 calls read 20% low on a noisy run)."""
+    best = 0.0
+    for size in sizes:
+        a = torch.randn(size, size, dtype=dtype)
+        b = torch.randn(size, size, dtype=dtype)
+        best = max(best, 2 * size**3 / fastest(partial(torch.matmul, a, b), repeats) / 1e9)
+    return best
 
 
 def read_bandwidth(megabytes: int = 1024, repeats: int = 5) -> float:
