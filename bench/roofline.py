@@ -6,16 +6,18 @@ Peak: the best of several large square matmuls per dtype (three sizes, ten calls
 Training phase: model FLOPs of one forward+backward on bench/vs_trl.py's batch (4 prompts x 8
 completions), counted as 6 * parameters * tokens (each prompt once per group), divided by the
 measured time; also set against the matmul rate at the model's own shapes (every linear
-layer's forward and two backward matmuls at one micro-batch's token count, each timed alone),
-the most the training phase could reach if it were nothing but its matmuls. Generation: tokens
-per second, and time per decode step against the time to read the sampling weights once at the
-measured memory-read rate (a decode step reads every weight once: with few rows that read is
-the bound; with 32 rows in fp32 the matmuls' arithmetic takes longer than the read).
+layer's forward and two backward matmuls at one micro-batch's token count, the LM head at one
+chunk's, each timed alone), the most the training phase could reach if it were nothing but its
+matmuls. Generation: tokens per second, and time per decode step against the time to read the
+sampling weights once at the measured memory-read rate (a decode step reads every weight once:
+with few rows that read is the bound; with 32 rows in fp32 the matmuls' arithmetic takes
+longer than the read).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import time
 from functools import partial
@@ -84,6 +86,7 @@ def training_flops(model, tokens: int) -> float:
 
 def measure_postrl(model_spec: str, precision: str) -> dict:
     from postrl.config import load_config
+    from postrl.models.logprobs import response_logprobs
     from postrl.models.precision import sampling_dtype
     from postrl.train.trainer import Trainer
 
@@ -114,7 +117,10 @@ def measure_postrl(model_spec: str, precision: str) -> dict:
             "weight_mb": weight_bytes / 1e6,
             # one micro-batch's rows, as its linear layers see them
             "tokens_per_micro_batch": trained / micro_batches,
-            "head_tokens_per_micro_batch": tokens / micro_batches, "model": trainer.lm,
+            # the LM head sees chunks of chunk_rows rows at the widest response's length
+            "head_tokens_per_micro_batch": min(tokens / micro_batches, last["length/max"] * (
+                inspect.signature(response_logprobs).parameters["chunk_rows"].default)),
+            "model": trainer.lm,
             "train_s": last["time/train_s"], "generate_s": last["time/generate_s"]}
 
 
