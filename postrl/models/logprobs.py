@@ -10,7 +10,9 @@ runs once, and its keys and values are repeated for its rows' responses (the res
 full forward's, up to the order of float sums). With a 45-token chat prompt and G = 8, that
 is most of a group's prompt tokens not recomputed, forward and backward. Their responses are
 then packed into fewer rows where they fit (``postrl/models/packing.py``), so the padding of
-short responses is not computed either.
+short responses is not computed either. Llama-style models run postrl's own decoder layers
+(``postrl/models/layers.py``: the prompt's keys and values passed in, no repeated key/value
+heads); other models, and any model under FSDP2, run transformers' forward with a cache.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache
 
+from postrl.models import layers
 from postrl.models.packing import Packing, attention_bias, pack_responses
 from postrl.models.vocab import logprob_and_entropy
 
@@ -93,6 +96,8 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True) -> 
     width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
     prompts, rows = (shared_prompts(batch.input_ids[:, :width], batch.attention_mask[:, :width])
                      if share_prompts else (None, None))
+    if share_prompts and layers.unsupported_reason(model) is None:
+        return _layers_hidden(model, batch, prompts, rows)
     if prompts is None or len(prompts) == len(rows):  # one plain forward
         hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                              position_ids=batch.position_ids, use_cache=False).last_hidden_state
@@ -119,6 +124,36 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True) -> 
         position_ids=batch.position_ids[:, width:-1], use_cache=True,
         **{keyword: cache}).last_hidden_state
     return torch.cat([last, responses], dim=1)
+
+
+def _layers_hidden(model, batch: SequenceBatch, prompts: Tensor, rows: Tensor) -> Tensor:
+    """:func:`response_hidden` through :func:`postrl.models.layers.body` (Llama-style models;
+    not under FSDP2, whose parameters exist only inside their modules' forward)."""
+    width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
+    dtype = model.get_input_embeddings().weight.dtype  # the residual stream's
+    if len(prompts) == len(rows):  # one plain forward
+        hidden, _ = layers.body(model, batch.input_ids, batch.position_ids,
+                                layers.causal_bias(batch.attention_mask, dtype))
+        return hidden[:, width - 1 : width - 1 + response_width]
+    prompt_mask = batch.attention_mask[prompts, :width]
+    prompt, keys_values = layers.body(model, batch.input_ids[prompts, :width],
+                                      batch.position_ids[prompts, :width],
+                                      layers.causal_bias(prompt_mask, dtype))
+    if response_width == 1:
+        return prompt[rows, -1:]  # predicts the first response token
+    packing = pack_responses(batch.input_ids[:, width:], batch.attention_mask[:, width:],
+                             batch.position_ids[:, width:], rows)
+    if packing is not None:
+        packed, _ = layers.body(model, packing.input_ids, packing.position_ids,
+                                attention_bias(packing, prompt_mask, dtype),
+                                keys_values.select(packing.prompts))
+        hidden = torch.cat([prompt[:, -1], packed.flatten(0, 1)]).index_select(0, packing.source)
+        return hidden.view(*batch.input_ids[:, width:].shape, -1)
+    responses, _ = layers.body(
+        model, batch.input_ids[:, width:-1], batch.position_ids[:, width:-1],
+        layers.causal_bias(batch.attention_mask[:, :-1], dtype, queries=response_width - 1),
+        keys_values.select(rows))
+    return torch.cat([prompt[rows, -1:], responses], dim=1)
 
 
 def _packed_hidden(model, batch: SequenceBatch, prompts: Tensor, prompt_last: Tensor,

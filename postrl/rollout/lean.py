@@ -23,32 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-MODEL_TYPES = ("llama", "qwen2")
+from postrl.models.layers import architecture_reason
 
 
 def unsupported_reason(model) -> str | None:
     """Why the lean forward cannot sample from ``model`` (None when it can)."""
-    config = model.config
-    if config.model_type not in MODEL_TYPES:
-        return f"model type {config.model_type!r}"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r}"
-    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
-        return "sliding-window layers"
-    body = getattr(model, "model", None)
-    if body is None or not hasattr(body, "layers") or not hasattr(model, "lm_head"):
-        return "an unfamiliar module layout"
-    if any(p.device.type != "cpu" for p in model.parameters()):
+    reason = architecture_reason(model)
+    if reason is None and any(p.device.type != "cpu" for p in model.parameters()):
         return "weights not on the CPU"
-    for layer in body.layers:  # peft adapters or quantised linears: leave them to transformers
-        attn, mlp = layer.self_attn, layer.mlp
-        linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
-                   mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if any(type(m) is not nn.Linear for m in linears):
-            return "non-plain linear layers (adapters or quantisation)"
-    if type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None:
-        return "a non-plain LM head"
-    return None
+    return reason
 
 
 class Linear:

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from postrl.config import load_config
 from postrl.errors import ConfigError
-from postrl.models import load_policy, loading
+from postrl.models import layers, load_policy, loading
 from postrl.models.logprobs import (
     SequenceBatch,
     lm_head_chunks,
@@ -212,13 +212,14 @@ def test_logprobs_of_a_batch_without_scored_tokens_are_zero_and_back_propagate(t
     ([5, 5, 5, 5, 5, 5], 6),  # nothing to pack: one padded row each
     ([5, 3, 1, 5, 4, 4], 6),  # mid-response masked tokens ([1, 0, 1, 1, 0]): padded rows
 ])
+@pytest.mark.parametrize("own_layers", [True, False], ids=["postrl-layers", "transformers"])
 def test_rows_sharing_a_prompt_share_its_forward_and_match_their_own_forwards(
-        tiny, lengths, packed_rows):
+        tiny, lengths, packed_rows, own_layers, monkeypatch):
     """Two groups with prompts of different lengths, interleaved, responses of different
     lengths (one of a single token, one fully masked): the shared-prompt forward runs each
     prompt once, packs the responses of a prompt into fewer rows where they fit, and gives
     each row's log-probs, entropies and parameter gradients as if the row were scored
-    alone."""
+    alone; through postrl's own layers (``postrl/models/layers.py``) and transformers'."""
     model, tokenizer = tiny
     short = tokenizer("What is 1 + 1?", add_special_tokens=False).input_ids
     long = tokenizer("Add the numbers seven and eight, please.", add_special_tokens=False).input_ids
@@ -232,18 +233,26 @@ def test_rows_sharing_a_prompt_share_its_forward_and_match_their_own_forwards(
     batch = SequenceBatch.build(prompts, responses, mask, tokenizer.pad_token_id)
 
     prompt_rows = []
-    forward = model.model.forward
+    if own_layers:
+        body = layers.body
 
-    @functools.wraps(forward)  # keeps its signature (the cache argument's name)
-    def counting(*args, **kwargs):
-        prompt_rows.append(kwargs["input_ids"].shape)
-        return forward(*args, **kwargs)
+        def counting_body(model, input_ids, *args):
+            prompt_rows.append(input_ids.shape)
+            return body(model, input_ids, *args)
 
-    model.model.forward = counting
-    try:
-        logp, entropy = response_logprobs(model, batch, temperature=0.7, with_entropy=True)
-    finally:
-        del model.model.forward
+        monkeypatch.setattr(layers, "body", counting_body)
+    else:
+        monkeypatch.setattr(layers, "unsupported_reason", lambda model: "switched off")
+        forward = model.model.forward
+
+        @functools.wraps(forward)  # keeps its signature (the cache argument's name)
+        def counting(*args, **kwargs):
+            prompt_rows.append(kwargs["input_ids"].shape)
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(model.model, "forward", counting)
+    logp, entropy = response_logprobs(model, batch, temperature=0.7, with_entropy=True)
+    monkeypatch.undo()
     assert prompt_rows[0] == (2, batch.prompt_width)  # the two distinct prompts, once each
     assert prompt_rows[1] == (packed_rows, 4)  # the responses but their last tokens
     model.zero_grad()

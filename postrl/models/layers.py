@@ -1,0 +1,153 @@
+"""The training forward of a Llama-style body, one function per decoder layer.
+
+transformers' decoder layer routes the prompt's keys and values through a cache object indexed
+by the layer, repeats each key/value head over its group's query heads (``repeat_kv``, a copy
+per layer and micro-batch, forward and backward) and scales the attention scores after the
+matmul, a full pass over a ``[heads, L, P + L]`` tensor. Here a layer is a function of its
+inputs and weights: the prompt's keys and values are passed in (already rotated, one entry
+per row), a group's query heads are the query rows of their shared key/value head (the mask
+is the same for every head), and the scale is folded into the queries.
+
+The maths is the model's own: RMSNorm in float32 rounded once before the weight, the model's
+rotary module, the attention softmax in float32, SwiGLU. :func:`unsupported_reason` names what
+this does not cover (those models keep transformers' forward); the modules it reads are the
+model's own, so gradients land on the model's parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+MODEL_TYPES = ("llama", "qwen2")
+
+
+@dataclass
+class KeysValues:
+    """Rotated keys and values of every layer, ``[rows, kv_heads, columns, head_dim]`` each."""
+
+    keys: list[Tensor]
+    values: list[Tensor]
+
+    def select(self, rows: Tensor) -> KeysValues:
+        """Row ``i`` of the result is row ``rows[i]`` (differentiable: gradients add up)."""
+        return KeysValues([k.index_select(0, rows) for k in self.keys],
+                          [v.index_select(0, rows) for v in self.values])
+
+
+def architecture_reason(model) -> str | None:
+    """What in ``model`` is not a plain Llama/Qwen2 decoder (None when nothing is)."""
+    config = model.config
+    if config.model_type not in MODEL_TYPES:
+        return f"model type {config.model_type!r}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+        return "sliding-window layers"
+    body = getattr(model, "model", None)
+    if body is None or not hasattr(body, "layers") or not hasattr(model, "lm_head"):
+        return "an unfamiliar module layout"
+    for layer in body.layers:  # peft adapters or quantised linears: leave them to transformers
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                   mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if any(type(m) is not nn.Linear for m in linears):
+            return "non-plain linear layers (adapters or quantisation)"
+    if type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None:
+        return "a non-plain LM head"
+    return None
+
+
+def unsupported_reason(model) -> str | None:
+    """Why :func:`body` cannot run ``model``'s training forward (None when it can)."""
+    reason = architecture_reason(model)
+    if reason is not None:
+        return reason
+    if getattr(model.config, "attention_dropout", 0.0):
+        return "attention dropout"
+    return None
+
+
+def body(model, input_ids: Tensor, position_ids: Tensor, bias: Tensor,
+         past: KeysValues | None = None) -> tuple[Tensor, KeysValues]:
+    """``(last hidden states [B, L, H], this call's keys and values)`` of ``model.model`` over
+    ``input_ids [B, L]`` after ``past`` (``P`` columns per row, or none); ``bias [B, 1, L,
+    P + L]`` is additive (0 where a column may attend)."""
+    inner = model.model
+    hidden = inner.embed_tokens(input_ids)
+    cos, sin = (t[:, None] for t in inner.rotary_emb(hidden, position_ids))  # [B, 1, L, d]
+    keys, values = [], []
+    for i, layer in enumerate(inner.layers):
+        hidden, key, value = _layer(layer, hidden, cos, sin, bias,
+                                    None if past is None else past.keys[i],
+                                    None if past is None else past.values[i])
+        keys.append(key)
+        values.append(value)
+    return inner.norm(hidden), KeysValues(keys, values)
+
+
+def causal_bias(attention_mask: Tensor, dtype: torch.dtype, queries: int | None = None
+                ) -> Tensor:
+    """``[B, 1, Q, W]`` for the last ``queries`` (default all) of ``attention_mask``'s ``W``
+    columns: each sees the attended columns up to itself."""
+    width = attention_mask.shape[1]
+    queries = width if queries is None else queries
+    causal = torch.ones(queries, width, dtype=torch.bool,
+                        device=attention_mask.device).tril(width - queries)
+    allowed = causal & attention_mask.bool()[:, None, :]
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return bias.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def _layer(layer, hidden: Tensor, cos: Tensor, sin: Tensor, bias: Tensor,
+           past_key: Tensor | None, past_value: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    attn = layer.self_attn
+    rows, width, _ = hidden.shape
+    dim = attn.head_dim
+    x = _rms_norm(hidden, layer.input_layernorm)
+    query = _linear(x, attn.q_proj).view(rows, width, -1, dim).transpose(1, 2)
+    key = _linear(x, attn.k_proj).view(rows, width, -1, dim).transpose(1, 2)
+    value = _linear(x, attn.v_proj).view(rows, width, -1, dim).transpose(1, 2)
+    query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
+    keys = key if past_key is None else torch.cat([past_key, key], dim=2)
+    values = value if past_value is None else torch.cat([past_value, value], dim=2)
+    out = _attend(query * attn.scaling, keys, values, bias)
+    hidden = hidden + _linear(out, attn.o_proj)
+    mlp = layer.mlp
+    x = _rms_norm(hidden, layer.post_attention_layernorm)
+    hidden = hidden + _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj),
+                              mlp.down_proj)
+    return hidden, key, value
+
+
+def _linear(x: Tensor, module: nn.Linear) -> Tensor:
+    return F.linear(x, module.weight, module.bias)
+
+
+def _rms_norm(x: Tensor, norm: nn.Module) -> Tensor:
+    """transformers' RMSNorm: normalised in float32, rounded to ``x``'s dtype, then weighted."""
+    normed = F.rms_norm(x.float(), (x.shape[-1],), None, norm.variance_epsilon)
+    return norm.weight * normed.to(x.dtype)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
+    """``[B, L, heads * d]``: ``query [B, heads, L, d]`` (already scaled) over ``keys`` and
+    ``values [B, kv_heads, T, d]``; query head ``h`` reads key/value head ``h // group``."""
+    rows, heads, width, dim = query.shape
+    kv_heads, columns = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    scores = torch.matmul(query.reshape(rows, kv_heads, group * width, dim),
+                          keys.transpose(2, 3))
+    scores = (scores.view(rows, kv_heads, group, width, columns) + bias[:, :, None]).view(
+        rows, kv_heads, group * width, columns)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, values).view(rows, heads, width, dim)
+    return out.transpose(1, 2).reshape(rows, width, heads * dim)

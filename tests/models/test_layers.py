@@ -1,0 +1,76 @@
+"""postrl's own training forward of Llama-style layers against transformers' forward."""
+
+import copy
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from postrl.models import layers
+from postrl.models.logprobs import SequenceBatch, response_logprobs
+from postrl.models.policy import apply_lora
+
+
+def shared_batch(tokenizer, share_prompts=True):
+    """Six rows with responses of different lengths: two prompts of different lengths, three
+    rows each (their responses packed where they fit), or six different prompts."""
+    texts = (["What is 1 + 1?", "Add the numbers seven and eight, please."] * 3 if share_prompts
+             else [f"What is {i} + {i}?" + " Think." * i for i in range(6)])
+    prompts = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    responses = torch.randint(5, 100, (6, 5), generator=torch.Generator().manual_seed(0))
+    mask = torch.arange(5)[None] < torch.tensor([5, 1, 3, 5, 2, 4])[:, None]
+    return SequenceBatch.build(prompts, responses, mask, tokenizer.pad_token_id)
+
+
+def scored(model, batch, monkeypatch, own_layers: bool):
+    """Log-probs, entropies and the gradient of a weighted sum of the log-probs."""
+    if not own_layers:
+        monkeypatch.setattr(layers, "unsupported_reason", lambda model: "switched off")
+    model.zero_grad(set_to_none=True)
+    logp, entropy = response_logprobs(model, batch, temperature=0.7, with_entropy=True)
+    (logp * torch.arange(1, 7)[:, None]).sum().backward()
+    monkeypatch.undo()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return logp.detach(), entropy, grads
+
+
+def assert_same(model, batch, monkeypatch):
+    ours = scored(model, batch, monkeypatch, own_layers=True)
+    theirs = scored(model, batch, monkeypatch, own_layers=False)
+    torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours[1], theirs[1], atol=1e-5, rtol=0)
+    for name, grad in ours[2].items():
+        torch.testing.assert_close(grad, theirs[2][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("share_prompts", [True, False], ids=["shared", "distinct-prompts"])
+def test_own_layers_give_transformers_logprobs_and_gradients(tiny, monkeypatch, share_prompts):
+    """Packed responses after shared prompts, and one plain forward when no prompt repeats."""
+    model, tokenizer = tiny
+    assert layers.unsupported_reason(model) is None
+    assert_same(model, shared_batch(tokenizer, share_prompts), monkeypatch)
+
+
+def test_own_layers_match_transformers_on_a_qwen2_with_biases(tiny, monkeypatch):
+    _, tokenizer = tiny
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                         eos_token_id=tokenizer.eos_token_id, attn_implementation="eager")
+    model = Qwen2ForCausalLM(config)
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    assert layers.unsupported_reason(model) is None
+    assert_same(model, shared_batch(tokenizer), monkeypatch)
+
+
+def test_models_the_own_layers_do_not_cover_keep_transformers_forward(tiny):
+    model, tokenizer = tiny
+    lora = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "v_proj"])
+    assert "adapters" in layers.unsupported_reason(lora.get_base_model())
+    dropout = copy.deepcopy(model)
+    dropout.config.attention_dropout = 0.1
+    assert layers.unsupported_reason(dropout) == "attention dropout"
+    with torch.no_grad():  # the fallback still scores the batch
+        logp, _ = response_logprobs(lora.get_base_model(), shared_batch(tokenizer))
+    assert logp.shape == (6, 5) and torch.isfinite(logp).all()
