@@ -15,6 +15,8 @@ In the bf16 setting TRL autocasts (its fastest working CPU setting) and postrl r
 ``--postrl-bf16`` (default ``bf16-master``: a bf16 working copy over float32 master weights;
 ``bf16`` autocasts like TRL). The last line is `speedup=X.XX rss_ratio=Y.YY` for postrl's
 fastest setting against TRL's: steps/s of postrl over TRL, and postrl's peak RSS over TRL's.
+``--postrl-compile`` runs postrl with ``torch_compile=true``: its layers compile during the
+untimed first step, whose time is printed too.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_postrl(steps: int, precision: str, micro_batch_size: int) -> dict:
+def run_postrl(steps: int, precision: str, micro_batch_size: int, compile_layers: bool) -> dict:
     from postrl.config import load_config
     from postrl.train.trainer import Trainer
 
@@ -55,10 +57,11 @@ def run_postrl(steps: int, precision: str, micro_batch_size: int) -> dict:
         "model=smollm2-135m-instruct", "recipe=dr_grpo", "task=arithmetic", f"lr={LR}",
         f"prompts_per_step={PROMPTS}", f"group_size={GROUP}", f"max_new_tokens={MAX_NEW}",
         f"precision={precision}", f"out={tempfile.mkdtemp()}/run", "quiet=true",
-        f"steps={steps + 1}", f"micro_batch_size={micro_batch_size}"])
+        f"steps={steps + 1}", f"micro_batch_size={micro_batch_size}",
+        f"torch_compile={str(compile_layers).lower()}"])
     trainer = Trainer(cfg)
-    rows = [trainer.train_step() for _ in range(steps + 1)][1:]
-    return {"step_s": [r["time/step_s"] for r in rows],
+    warmup, *rows = [trainer.train_step() for _ in range(steps + 1)]
+    return {"warmup_s": [warmup["time/step_s"]], "step_s": [r["time/step_s"] for r in rows],
             "generate_s": [r["time/generate_s"] + r["time/score_s"] for r in rows],
             "train_s": [r["time/train_s"] + r["time/reference_s"] for r in rows],
             "tokens": [r["length/mean"] * PROMPTS * GROUP for r in rows]}
@@ -118,21 +121,26 @@ def run_trl(steps: int, precision: str) -> dict:
             "loss_forward_s": phases["loss_forward"][1:]}
 
 
-def child(framework: str, steps: int, precision: str, micro_batch_size: int) -> None:
+def child(framework: str, steps: int, precision: str, micro_batch_size: int,
+          compile_layers: bool) -> None:
     import torch
 
     torch.manual_seed(0)
-    result = (run_postrl(steps, precision, micro_batch_size) if framework == "postrl"
+    result = (run_postrl(steps, precision, micro_batch_size, compile_layers)
+              if framework == "postrl"
               else run_trl(steps, precision))
     result["peak_rss_mb"] = peak_rss_mb()
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def spawn(framework: str, steps: int, precision: str, micro_batch_size: int) -> dict:
+def spawn(framework: str, steps: int, precision: str, micro_batch_size: int,
+          compile_layers: bool) -> dict:
     """One child run; ``precision`` is the framework's own (postrl: fp32, bf16, bf16-master)."""
     out = subprocess.run([sys.executable, __file__, "--child", framework, "--steps", str(steps),
                           "--micro-batch-size", str(micro_batch_size),
-                          "--precisions", precision], capture_output=True, text=True)
+                          "--precisions", precision,
+                          *(["--postrl-compile"] if compile_layers else [])],
+                         capture_output=True, text=True)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if out.returncode or not lines:
         raise SystemExit(f"{framework} ({precision}) failed:\n{out.stderr[-3000:]}")
@@ -141,7 +149,7 @@ def spawn(framework: str, steps: int, precision: str, micro_batch_size: int) -> 
 
 def summary(results: list[dict]) -> dict:
     merged = {k: [v for r in results for v in r.get(k, [])]
-              for k in ("step_s", "generate_s", "train_s", "loss_forward_s")}
+              for k in ("step_s", "generate_s", "train_s", "loss_forward_s", "warmup_s")}
     out = {k: statistics.median(v) for k, v in merged.items() if v}
     out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
     return out
@@ -161,10 +169,13 @@ def main() -> None:
                         help="postrl's rows per forward/backward (TRL scores all 32 at once)")
     parser.add_argument("--postrl-bf16", default="bf16-master", choices=("bf16", "bf16-master"),
                         help="postrl's precision in the bf16 setting (TRL autocasts)")
+    parser.add_argument("--postrl-compile", action="store_true",
+                        help="postrl with torch_compile=true (compiled in its untimed first step)")
     parser.add_argument("--child", choices=("postrl", "trl"))
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.steps, args.precisions, args.micro_batch_size)
+        child(args.child, args.steps, args.precisions, args.micro_batch_size,
+              args.postrl_compile)
         return
     table = {}
     for precision in args.precisions.split(","):
@@ -174,7 +185,7 @@ def main() -> None:
             for framework in order:
                 runs[framework].append(spawn(framework, args.steps,
                                              own(framework, precision, args.postrl_bf16),
-                                             args.micro_batch_size))
+                                             args.micro_batch_size, args.postrl_compile))
                 print(f"  {precision} round {round_index + 1}: {framework} done", flush=True)
         table[precision] = {f: summary(r) for f, r in runs.items()}
     print(f"\n{'setting':<19}{'step s':>9}{'generate s':>12}{'train s':>9}{'peak RSS MB':>13}")
@@ -183,6 +194,9 @@ def main() -> None:
             setting = f"{framework} {own(framework, precision, args.postrl_bf16)}"
             print(f"{setting:<19}{s['step_s']:>9.2f}{s['generate_s']:>12.2f}"
                   f"{s['train_s']:>9.2f}{s['peak_rss_mb']:>13.0f}")
+    for precision, f in table.items():
+        print(f"postrl {own('postrl', precision, args.postrl_bf16)} first (untimed) step: "
+              f"{f['postrl']['warmup_s']:.1f} s")
     for precision, f in table.items():
         speedup = f["trl"]["step_s"] / f["postrl"]["step_s"]
         rss = f["postrl"]["peak_rss_mb"] / f["trl"]["peak_rss_mb"]

@@ -100,7 +100,8 @@ class TrainWorker:
         self.policy.to(self.device)
         # FSDP2's collectives follow the forward calls of each layer, and whether a
         # micro-batch shares a prompt differs between ranks: under FSDP2 no rank shares
-        policy = wrap(mode, TokenScorer(self.lm, share_prompts=mode != "fsdp2"),
+        policy = wrap(mode, TokenScorer(self.lm, share_prompts=mode != "fsdp2",
+                                        compile_layers=self.cfg.torch_compile),
                       decoder_layers(self.lm.model))
         critic = None
         if self.critic is not None:

@@ -16,6 +16,7 @@ model's own, so gradients land on the model's parameters.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -72,16 +73,19 @@ def unsupported_reason(model) -> str | None:
 
 
 def body(model, input_ids: Tensor, position_ids: Tensor, bias: Tensor,
-         past: KeysValues | None = None) -> tuple[Tensor, KeysValues]:
+         past: KeysValues | None = None, compiled: bool = False) -> tuple[Tensor, KeysValues]:
     """``(last hidden states [B, L, H], this call's keys and values)`` of ``model.model`` over
     ``input_ids [B, L]`` after ``past`` (``P`` columns per row, or none); ``bias [B, 1, L,
-    P + L]`` is additive (0 where a column may attend)."""
+    P + L]`` is additive (0 where a column may attend). ``compiled``: each layer runs the
+    ``torch.compile``d layer function when gradients are on (one graph serves every layer, with
+    dynamic lengths; forwards without gradients stay eager rather than compile again)."""
     inner = model.model
+    layer_fn = _compiled_layer() if compiled and torch.is_grad_enabled() else _layer
     hidden = inner.embed_tokens(input_ids)
     cos, sin = (t[:, None] for t in inner.rotary_emb(hidden, position_ids))  # [B, 1, L, d]
     keys, values = [], []
     for i, layer in enumerate(inner.layers):
-        hidden, key, value = _layer(layer, hidden, cos, sin, bias,
+        hidden, key, value = layer_fn(layer, hidden, cos, sin, bias,
                                     None if past is None else past.keys[i],
                                     None if past is None else past.values[i])
         keys.append(key)
@@ -100,6 +104,11 @@ def causal_bias(attention_mask: Tensor, dtype: torch.dtype, queries: int | None 
     allowed = causal & attention_mask.bool()[:, None, :]
     bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return bias.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+@functools.cache
+def _compiled_layer():
+    return torch.compile(_layer, dynamic=True)
 
 
 def _layer(layer, hidden: Tensor, cos: Tensor, sin: Tensor, bias: Tensor,

@@ -60,7 +60,7 @@ class SequenceBatch:
 def response_logprobs(
     model, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False,
     chunk_rows: int = 8, entropy_grad: bool = False, share_prompts: bool = True,
-    head_grad_in_place: bool = False,
+    head_grad_in_place: bool = False, compile_layers: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``(logp [N, T], entropy [N, T] or None)`` of the response tokens, temperature-scaled.
 
@@ -68,10 +68,11 @@ def response_logprobs(
     gradient only with ``entropy_grad`` (an entropy bonus or entropy-guided mixing), otherwise
     it is a detached diagnostic. Positions outside the response mask hold 0. Rows with the
     same prompt share its forward unless ``share_prompts`` is off. ``head_grad_in_place``:
-    see :func:`lm_head_chunks` (one process only).
+    see :func:`lm_head_chunks` (one process only). ``compile_layers``: postrl's own decoder
+    layers run compiled (``torch_compile``; :func:`postrl.models.layers.body`).
     """
     response_width = batch.input_ids.shape[1] - batch.prompt_width
-    hidden = response_hidden(model, batch, share_prompts)
+    hidden = response_hidden(model, batch, share_prompts, compile_layers)
     # only response tokens (the attention mask's response part) go through the LM head,
     # chunk_rows * T at a time
     scored = batch.attention_mask[:, batch.prompt_width:].bool()
@@ -90,14 +91,15 @@ def response_logprobs(
     return _unflatten(logps, scored), _unflatten(entropies, scored) if with_entropy else None
 
 
-def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True) -> Tensor:
+def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
+                    compile_layers: bool = False) -> Tensor:
     """``[N, T, H]``: the last hidden states that predict each response token (the one at
     column ``c`` predicts the token at ``c + 1``)."""
     width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
     prompts, rows = (shared_prompts(batch.input_ids[:, :width], batch.attention_mask[:, :width])
                      if share_prompts else (None, None))
     if share_prompts and layers.unsupported_reason(model) is None:
-        return _layers_hidden(model, batch, prompts, rows)
+        return _layers_hidden(model, batch, prompts, rows, compile_layers)
     if prompts is None or len(prompts) == len(rows):  # one plain forward
         hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                              position_ids=batch.position_ids, use_cache=False).last_hidden_state
@@ -126,19 +128,22 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True) -> 
     return torch.cat([last, responses], dim=1)
 
 
-def _layers_hidden(model, batch: SequenceBatch, prompts: Tensor, rows: Tensor) -> Tensor:
+def _layers_hidden(model, batch: SequenceBatch, prompts: Tensor, rows: Tensor,
+                   compiled: bool) -> Tensor:
     """:func:`response_hidden` through :func:`postrl.models.layers.body` (Llama-style models;
     not under FSDP2, whose parameters exist only inside their modules' forward)."""
     width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
     dtype = model.get_input_embeddings().weight.dtype  # the residual stream's
     if len(prompts) == len(rows):  # one plain forward
         hidden, _ = layers.body(model, batch.input_ids, batch.position_ids,
-                                layers.causal_bias(batch.attention_mask, dtype))
+                                layers.causal_bias(batch.attention_mask, dtype),
+                                compiled=compiled)
         return hidden[:, width - 1 : width - 1 + response_width]
     prompt_mask = batch.attention_mask[prompts, :width]
     prompt, keys_values = layers.body(model, batch.input_ids[prompts, :width],
                                       batch.position_ids[prompts, :width],
-                                      layers.causal_bias(prompt_mask, dtype))
+                                      layers.causal_bias(prompt_mask, dtype),
+                                      compiled=compiled)
     if response_width == 1:
         return prompt[rows, -1:]  # predicts the first response token
     packing = pack_responses(batch.input_ids[:, width:], batch.attention_mask[:, width:],
@@ -146,13 +151,13 @@ def _layers_hidden(model, batch: SequenceBatch, prompts: Tensor, rows: Tensor) -
     if packing is not None:
         packed, _ = layers.body(model, packing.input_ids, packing.position_ids,
                                 attention_bias(packing, prompt_mask, dtype),
-                                keys_values.select(packing.prompts))
+                                keys_values.select(packing.prompts), compiled)
         hidden = torch.cat([prompt[:, -1], packed.flatten(0, 1)]).index_select(0, packing.source)
         return hidden.view(*batch.input_ids[:, width:].shape, -1)
     responses, _ = layers.body(
         model, batch.input_ids[:, width:-1], batch.position_ids[:, width:-1],
         layers.causal_bias(batch.attention_mask[:, :-1], dtype, queries=response_width - 1),
-        keys_values.select(rows))
+        keys_values.select(rows), compiled)
     return torch.cat([prompt[rows, -1:], responses], dim=1)
 
 

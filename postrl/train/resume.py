@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 # options that may change between a run and its resumption without changing its results
 RESUMABLE_CHANGES = {"resume", "overwrite", "steps", "token_budget", "quiet", "report_to",
                      "save_every", "keep_last", "eval_every", "eval_n", "log_samples",
-                     "save_rollouts_every", "threads", "reuse_freed_memory"}
+                     "save_rollouts_every", "threads", "reuse_freed_memory",
+                     "torch_compile"}
 COUNTERS = ("step", "tokens_generated", "tokens_wasted", "responses", "skipped_steps",
             "skipped_in_a_row")
 

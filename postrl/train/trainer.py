@@ -338,7 +338,8 @@ class Trainer:
             self.policy.train()
             self.scoring_lm.train()
             # with LoRA, self.lm is the base model with the adapters injected (and active)
-            models = Trainable(TokenScorer(self.scoring_lm, tied_grads_in_place=True),
+            models = Trainable(TokenScorer(self.scoring_lm, tied_grads_in_place=True,
+                                           compile_layers=self.cfg.torch_compile),
                                self.optimizer,
                                ValueScorer(self.critic) if self.critic else None,
                                self.critic_optimizer, self.master)

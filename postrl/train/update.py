@@ -53,18 +53,21 @@ class TokenScorer(nn.Module):
     ``tied_grads_in_place`` builds a tied embedding/LM-head weight's gradient without
     vocabulary-sized temporaries: the lookup's gradient sparse, the head's chunk gradients
     added in place (one process only: the data-parallel wrappers watch each parameter's own
-    gradient accumulator)."""
+    gradient accumulator); ``compile_layers`` compiles postrl's own decoder layers
+    (``torch_compile``)."""
 
-    def __init__(self, lm, share_prompts: bool = True, tied_grads_in_place: bool = False) -> None:
+    def __init__(self, lm, share_prompts: bool = True, tied_grads_in_place: bool = False,
+                 compile_layers: bool = False) -> None:
         super().__init__()
         self.lm, self.share_prompts = lm, share_prompts
-        self.tied_grads_in_place = tied_grads_in_place
+        self.tied_grads_in_place, self.compile_layers = tied_grads_in_place, compile_layers
 
     def forward(self, sequences: SequenceBatch, temperature: float, entropy_grad: bool):
         with sparse_embedding_grad(self.lm) if self.tied_grads_in_place else nullcontext():
             return response_logprobs(self.lm, sequences, temperature, with_entropy=True,
                                      entropy_grad=entropy_grad, share_prompts=self.share_prompts,
-                                     head_grad_in_place=self.tied_grads_in_place)
+                                     head_grad_in_place=self.tied_grads_in_place,
+                                     compile_layers=self.compile_layers)
 
 
 class ValueScorer(nn.Module):

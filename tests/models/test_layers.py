@@ -1,14 +1,17 @@
 """postrl's own training forward of Llama-style layers against transformers' forward."""
 
 import copy
+import math
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from postrl.config import load_config
 from postrl.models import layers
 from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.policy import apply_lora
+from postrl.train.trainer import Trainer
 
 
 def shared_batch(tokenizer, share_prompts=True):
@@ -22,12 +25,13 @@ def shared_batch(tokenizer, share_prompts=True):
     return SequenceBatch.build(prompts, responses, mask, tokenizer.pad_token_id)
 
 
-def scored(model, batch, monkeypatch, own_layers: bool):
+def scored(model, batch, monkeypatch, own_layers: bool, compile_layers: bool = False):
     """Log-probs, entropies and the gradient of a weighted sum of the log-probs."""
     if not own_layers:
         monkeypatch.setattr(layers, "unsupported_reason", lambda model: "switched off")
     model.zero_grad(set_to_none=True)
-    logp, entropy = response_logprobs(model, batch, temperature=0.7, with_entropy=True)
+    logp, entropy = response_logprobs(model, batch, temperature=0.7, with_entropy=True,
+                                      compile_layers=compile_layers)
     (logp * torch.arange(1, 7)[:, None]).sum().backward()
     monkeypatch.undo()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -35,8 +39,8 @@ def scored(model, batch, monkeypatch, own_layers: bool):
     return logp.detach(), entropy, grads
 
 
-def assert_same(model, batch, monkeypatch):
-    ours = scored(model, batch, monkeypatch, own_layers=True)
+def assert_same(model, batch, monkeypatch, compile_layers=False):
+    ours = scored(model, batch, monkeypatch, own_layers=True, compile_layers=compile_layers)
     theirs = scored(model, batch, monkeypatch, own_layers=False)
     torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(ours[1], theirs[1], atol=1e-5, rtol=0)
@@ -74,3 +78,43 @@ def test_models_the_own_layers_do_not_cover_keep_transformers_forward(tiny):
     with torch.no_grad():  # the fallback still scores the batch
         logp, _ = response_logprobs(lora.get_base_model(), shared_batch(tokenizer))
     assert logp.shape == (6, 5) and torch.isfinite(logp).all()
+
+
+def counting_compiled_layer(monkeypatch) -> list[int]:
+    """Patches in a counter of the calls to the compiled layer; returns it."""
+    compiled, calls = layers._compiled_layer(), []
+
+    def counting(*args):
+        calls.append(1)
+        return compiled(*args)
+
+    monkeypatch.setattr(layers, "_compiled_layer", lambda: counting)
+    return calls
+
+
+def test_compiled_layers_give_transformers_logprobs_and_gradients(tiny, monkeypatch):
+    """``torch_compile``: the layers run compiled (one graph for every layer, dynamic lengths)
+    when gradients are on, and eagerly without them."""
+    model, tokenizer = tiny
+    calls = counting_compiled_layer(monkeypatch)
+    batch = shared_batch(tokenizer)
+    ours = scored(model, batch, monkeypatch, own_layers=True, compile_layers=True)
+    assert len(calls) == 2 * len(model.model.layers)  # the prompts, then the packed responses
+    theirs = scored(model, batch, monkeypatch, own_layers=False)
+    torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=0)
+    for name, grad in ours[2].items():
+        torch.testing.assert_close(grad, theirs[2][name], atol=1e-5, rtol=1e-4, msg=name)
+    calls = counting_compiled_layer(monkeypatch)
+    with torch.no_grad():
+        response_logprobs(model, shared_batch(tokenizer, share_prompts=False),
+                          compile_layers=True)
+    assert calls == []
+
+
+def test_torch_compile_option_reaches_the_training_forward(tiny, monkeypatch, tmp_path):
+    calls = counting_compiled_layer(monkeypatch)
+    cfg = load_config(None, ["model=tiny", "task=arithmetic", "steps=1", "prompts_per_step=2",
+                             "group_size=2", "max_new_tokens=6", "quiet=true",
+                             f"out={tmp_path / 'run'}", "torch_compile=true"])
+    row = Trainer(cfg).train_step()
+    assert calls and math.isfinite(row["loss/policy"])

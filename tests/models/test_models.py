@@ -236,9 +236,9 @@ def test_rows_sharing_a_prompt_share_its_forward_and_match_their_own_forwards(
     if own_layers:
         body = layers.body
 
-        def counting_body(model, input_ids, *args):
+        def counting_body(model, input_ids, *args, **kwargs):
             prompt_rows.append(input_ids.shape)
-            return body(model, input_ids, *args)
+            return body(model, input_ids, *args, **kwargs)
 
         monkeypatch.setattr(layers, "body", counting_body)
     else:
