@@ -86,8 +86,8 @@ def body(model, input_ids: Tensor, position_ids: Tensor, bias: Tensor,
     keys, values = [], []
     for i, layer in enumerate(inner.layers):
         hidden, key, value = layer_fn(layer, hidden, cos, sin, bias,
-                                    None if past is None else past.keys[i],
-                                    None if past is None else past.values[i])
+                                      None if past is None else past.keys[i],
+                                      None if past is None else past.values[i])
         keys.append(key)
         values.append(value)
     return inner.norm(hidden), KeysValues(keys, values)
