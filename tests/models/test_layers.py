@@ -26,7 +26,8 @@ def shared_batch(tokenizer, share_prompts=True):
 
 
 def scored(model, batch, monkeypatch, own_layers: bool, compile_layers: bool = False):
-    """Log-probs, entropies and the gradient of a weighted sum of the log-probs."""
+    """Log-probs, entropies and the gradient of a weighted sum of the log-probs (undoes every
+    monkeypatch of the test so far)."""
     if not own_layers:
         monkeypatch.setattr(layers, "unsupported_reason", lambda model: "switched off")
     model.zero_grad(set_to_none=True)
@@ -39,8 +40,8 @@ def scored(model, batch, monkeypatch, own_layers: bool, compile_layers: bool = F
     return logp.detach(), entropy, grads
 
 
-def assert_same(model, batch, monkeypatch, compile_layers=False):
-    ours = scored(model, batch, monkeypatch, own_layers=True, compile_layers=compile_layers)
+def assert_same(model, batch, monkeypatch):
+    ours = scored(model, batch, monkeypatch, own_layers=True)
     theirs = scored(model, batch, monkeypatch, own_layers=False)
     torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(ours[1], theirs[1], atol=1e-5, rtol=0)
