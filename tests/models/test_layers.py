@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from postrl.config import load_config
 from postrl.models import layers
@@ -57,16 +56,9 @@ def test_own_layers_give_transformers_logprobs_and_gradients(tiny, monkeypatch, 
     assert_same(model, shared_batch(tokenizer, share_prompts), monkeypatch)
 
 
-def test_own_layers_match_transformers_on_a_qwen2_with_biases(tiny, monkeypatch):
-    _, tokenizer = tiny
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
-                         eos_token_id=tokenizer.eos_token_id, attn_implementation="eager")
-    model = Qwen2ForCausalLM(config)
-    assert model.model.layers[0].self_attn.q_proj.bias is not None
-    assert layers.unsupported_reason(model) is None
-    assert_same(model, shared_batch(tokenizer), monkeypatch)
+def test_own_layers_match_transformers_on_a_qwen2_with_biases(tiny, tiny_qwen2, monkeypatch):
+    assert layers.unsupported_reason(tiny_qwen2) is None
+    assert_same(tiny_qwen2, shared_batch(tiny[1]), monkeypatch)
 
 
 def test_models_the_own_layers_do_not_cover_keep_transformers_forward(tiny):

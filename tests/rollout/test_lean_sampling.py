@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.policy import apply_lora
@@ -73,15 +73,9 @@ def test_lean_sampling_in_bf16_is_as_close_to_the_float32_policy_as_transformers
     assert errors["lean"].mean() < 1.2 * errors["plain"].mean()
 
 
-def test_lean_sampling_matches_transformers_on_a_qwen2_with_biases(tiny):
+def test_lean_sampling_matches_transformers_on_a_qwen2_with_biases(tiny, tiny_qwen2):
     _, tokenizer = tiny
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96,
-                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
-                         eos_token_id=tokenizer.eos_token_id, attn_implementation="eager")
-    model = Qwen2ForCausalLM(config)
-    assert model.model.layers[0].self_attn.q_proj.bias is not None
-    lean, plain = engines(model, tokenizer)
+    lean, plain = engines(tiny_qwen2, tokenizer)
     params = SamplingParams(temperature=1.0, max_new_tokens=30)
     assert_same_rollouts(lean.generate(prompts(tokenizer), 3, params, seed=1),
                          plain.generate(prompts(tokenizer), 3, params, seed=1), 1e-5)
