@@ -6,9 +6,10 @@ length), a copy of keys and values repeated over each group's query heads (eager
 and seven separately dispatched matmuls per layer whose weights oneDNN reorders at every call.
 Here, once per ``generate`` call, the projections are fused (q|k|v, gate|up), cast to the
 sampling dtype and reordered into oneDNN's blocked layout; the cache is allocated once for the
-whole response (``[layers, rows, kv_heads, prompt + max_new, head_dim]``), each token writes
-one column, and attention is PyTorch's fused kernel (``scaled_dot_product_attention``), whose
-query heads of a group read their shared key/value head without a repeated copy.
+whole response, each token writes one column, and attention is PyTorch's fused kernel, whose
+query heads of a group read their shared key/value head without a repeated copy. A prompt's
+keys and values are stored once and read once for all its G samples (:class:`KVCache`,
+cascade attention: :func:`_with_shared_prompts`), not copied G times.
 
 The arithmetic is the model's own (RMSNorm in float32, the model's rotary module with its
 float32 frequencies, the attention softmax in float32); :func:`unsupported_reason` names what
@@ -113,21 +114,65 @@ class LeanWeights:
 
 
 class KVCache:
-    """Keys and values of every layer for ``capacity`` columns, filled left to right; ``mask``
-    is additive over the columns (0 where a row attends, a large negative on its padding)."""
+    """Keys and values of every layer, written left to right, in one of two layouts.
 
-    def __init__(self, weights: LeanWeights, rows: int, capacity: int) -> None:
-        shape = (len(weights.layers), rows, weights.kv_heads, capacity, weights.head_dim)
-        self.keys = torch.empty(shape, dtype=weights.dtype)  # a column is read only once written
-        self.values = torch.empty(shape, dtype=weights.dtype)
-        self.mask = torch.zeros((rows, capacity), dtype=weights.dtype)
-        self.length = 0
+    - **Shared**, while all the samples of every prompt are running: a prompt's columns are
+      stored once (``prompt_keys``/``prompt_values``: ``[layers, prompts, kv_heads, P, dim]``;
+      ``prompt_mask`` is additive over them: 0 where attended, a large negative on left
+      padding) and read once for its ``width`` samples, rows ``p * width`` to
+      ``(p + 1) * width - 1``; ``keys``/``values`` hold each row's response columns.
+    - **Per row**, once finished rows have left (:meth:`select`): each row's ``keys``/``values``
+      hold its prompt's columns, then its response's (``[layers, rows, kv_heads, P + max_new,
+      dim]``), under ``row_mask``. The prompt copies cost a read per row, but no bookkeeping
+      of which prompt the remaining rows sample from (measured, the cheaper of the two once
+      rows have left).
+    """
+
+    def __init__(self, weights: LeanWeights, prompts: int, prompt_len: int, width: int,
+                 max_new: int) -> None:
+        layers, kv_heads, dim = len(weights.layers), weights.kv_heads, weights.head_dim
+        shared = (layers, prompts, kv_heads, prompt_len, dim)
+        # a column is read only once written
+        self.prompt_keys = torch.empty(shared, dtype=weights.dtype)
+        self.prompt_values = torch.empty(shared, dtype=weights.dtype)
+        self.prompt_mask = torch.zeros((prompts, prompt_len), dtype=weights.dtype)
+        own = (layers, prompts * width, kv_heads, max_new, dim)
+        self.keys = torch.empty(own, dtype=weights.dtype)
+        self.values = torch.empty(own, dtype=weights.dtype)
+        self.row_mask: Tensor | None = None
+        self.width, self.length = width, 0  # length: response columns written
+
+    @property
+    def shared(self) -> bool:
+        return self.row_mask is None
+
+    @property
+    def offset(self) -> int:
+        """Where the response columns start in ``keys``/``values``."""
+        return 0 if self.shared else self.prompt_mask.shape[1]
 
     def select(self, rows: Tensor) -> None:
-        """Keep (and reorder to) ``rows``; an index may repeat."""
-        self.keys = self.keys.index_select(1, rows)
-        self.values = self.values.index_select(1, rows)
-        self.mask = self.mask.index_select(0, rows)
+        """Keep (and reorder to) ``rows``; the first call leaves the shared layout."""
+        if self.shared:
+            self._unshare(rows)
+        else:
+            self.keys = self.keys.index_select(1, rows)
+            self.values = self.values.index_select(1, rows)
+            self.row_mask = self.row_mask.index_select(0, rows)
+
+    def _unshare(self, rows: Tensor) -> None:
+        prompt, (layers, _, kv_heads, max_new, dim) = rows // self.width, self.keys.shape
+        length = self.prompt_mask.shape[1]
+        for name in ("keys", "values"):
+            mine = torch.empty((layers, len(rows), kv_heads, length + max_new, dim),
+                               dtype=self.keys.dtype)
+            mine[:, :, :, :length] = getattr(self, f"prompt_{name}").index_select(1, prompt)
+            mine[:, :, :, length:length + self.length] = (
+                getattr(self, name)[:, :, :, :self.length].index_select(1, rows))
+            setattr(self, name, mine)
+        self.row_mask = torch.cat((self.prompt_mask.index_select(0, prompt),
+                                   self.prompt_mask.new_zeros((len(rows), max_new))), dim=1)
+        self.prompt_keys = self.prompt_values = None
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -141,41 +186,72 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def _attend(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-    """Attention of ``query [rows, S, heads, dim]`` over the cache's ``keys``/``values``
-    ``[rows, kv_heads, T, dim]``; ``[rows, S, heads * dim]``. Query head ``h`` reads key/value
-    head ``h // group``. PyTorch's fused kernel keeps the softmax and its weighted sum in
-    float32.
+def _flash(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None):
+    """PyTorch's fused CPU attention (softmax and weighted sum in float32), with the
+    log-sum-exp of each query's scores: ``[B, H, L, dim]`` and ``[B, H, L]`` (float32)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, keys, values, attn_mask=mask)
 
-    Decoding (``S == 1``), a group's query heads become the query positions of their shared
-    key/value head (the mask has no causal part to tell them apart), so the kernel reads each
-    cached key and value once instead of once per query head, as ``enable_gqa`` does.
+
+def _attend_decode(query: Tensor, cache: KVCache, layer: int) -> Tensor:
+    """One new query per row (``[rows, heads, dim]``) over its prompt's columns and its own,
+    ``[rows, heads * dim]``.
+
+    Query head ``h`` reads key/value head ``h // group``: a group's query heads enter the
+    kernel as query positions of their shared head (no causal mask tells them apart), so
+    each cached key and value is read once, not once per query head as ``enable_gqa`` does.
     """
-    rows, new, heads, dim = query.shape
-    kv_heads = keys.shape[1]
-    if new == 1:
-        grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim)
-        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
-        return out.reshape(rows, 1, heads * dim)
-    out = F.scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=mask,
-                                         enable_gqa=heads != kv_heads)
-    return out.transpose(1, 2).reshape(rows, new, heads * dim)
+    rows, heads, dim = query.shape
+    kv_heads = cache.keys.shape[2]
+    q = query.view(rows, kv_heads, heads // kv_heads, dim)
+    end = cache.offset + cache.length
+    keys, values = cache.keys[layer, :, :, :end], cache.values[layer, :, :, :end]
+    if not cache.shared:
+        mask = cache.row_mask[:, None, None, :end]
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).reshape(rows, -1)
+    own, own_lse = _flash(q, keys, values)
+    return _with_shared_prompts(q, own, own_lse, cache, layer).reshape(rows, heads * dim)
 
 
-@torch.inference_mode()
-def forward(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
-            valid: Tensor) -> Tensor:
-    """Feed ``tokens [rows, S]`` (at ``positions``; ``valid`` False on padding) into the next
-    ``S`` columns of ``cache``; the logits ``[rows, vocab]`` after the last column."""
+def _with_shared_prompts(q: Tensor, own: Tensor, own_lse: Tensor, cache: KVCache,
+                         layer: int) -> Tensor:
+    """Attention over the prompts' shared columns, merged with ``own`` (each row's attention
+    over its response columns, ``own_lse`` its log-sum-exps).
+
+    Each prompt's columns are read once for its ``width`` rows, whose queries enter the
+    kernel as one prompt's query positions; the two parts' softmaxes are then weighted by
+    their shares of the whole from the two log-sum-exps (cascade attention over a shared
+    prefix: Juravsky et al. 2024, "Hydragen"), which is the softmax over all the columns up
+    to float rounding.
+    """
+    rows, kv_heads, group, dim = q.shape
+    prompts, width = cache.prompt_mask.shape[0], cache.width
+    queries = q.view(prompts, width, kv_heads, group, dim).transpose(1, 2)
+    out, lse = _flash(queries.reshape(prompts, kv_heads, width * group, dim),
+                      cache.prompt_keys[layer], cache.prompt_values[layer],
+                      cache.prompt_mask[:, None, None, :])
+    out = out.view(prompts, kv_heads, width, group, dim).transpose(1, 2)
+    lse = lse.view(prompts, kv_heads, width, group).transpose(1, 2)
+    share = torch.sigmoid(lse - own_lse.view(lse.shape))[..., None]  # the prompt's, float32
+    return torch.lerp(own.view(out.shape), out, share.to(own.dtype))
+
+
+def _attend_prompt(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    """Causal attention within the prompts: ``query [prompts, P, heads, dim]``, ``keys`` and
+    ``values`` ``[prompts, P, kv_heads, dim]``; ``[prompts, P, heads * dim]``."""
+    prompts, length, heads, dim = query.shape
+    out = F.scaled_dot_product_attention(query.transpose(1, 2), keys.transpose(1, 2),
+                                         values.transpose(1, 2), attn_mask=mask,
+                                         enable_gqa=heads != keys.shape[2])
+    return out.transpose(1, 2).reshape(prompts, length, heads * dim)
+
+
+def _layers(w: LeanWeights, tokens: Tensor, positions: Tensor, attend) -> Tensor:
+    """The decoder over ``tokens [rows, S]``; ``attend(layer, queries, keys, values)`` stores
+    the new keys and values and attends (queries ``[rows, S, heads, dim]``, keys and values
+    ``[rows, S, kv_heads, dim]``, all rotated but the values). The logits after the last
+    column, ``[rows, vocab]``."""
     rows, new = tokens.shape
-    start, end = cache.length, cache.length + new
-    floor = torch.finfo(w.dtype).min  # not -inf: a padding query that sees only padding is
-    cache.mask[:, start:end] = torch.where(valid, 0.0, floor)  # harmless instead of NaN
-    cache.length = end
-    mask = cache.mask[:, None, None, :end]  # [rows, 1, 1, T]
-    if new > 1:  # causal within the new columns
-        future = torch.ones((new, end), dtype=torch.bool).triu(start + 1)
-        mask = mask.masked_fill(future, floor)
     hidden = F.embedding(tokens, w.embed).to(w.dtype)
     cos, sin = (t[:, :, None] for t in w.rotary(hidden, positions))  # [rows, S, 1, head_dim]
     dim, heads = w.head_dim, w.heads + w.kv_heads  # heads: of queries and keys together
@@ -183,33 +259,65 @@ def forward(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
         qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, w.eps))
         # queries and keys rotate together: they are the first columns of qkv
         rotated = _rotate(qkv[..., : heads * dim].view(rows, new, heads, dim), cos, sin)
-        cache.keys[i, :, :, start:end] = rotated[:, :, w.heads:].transpose(1, 2)
-        cache.values[i, :, :, start:end] = qkv[..., heads * dim:].view(
-            rows, new, w.kv_heads, dim).transpose(1, 2)
-        out = _attend(rotated[:, :, : w.heads], cache.keys[i, :, :, :end],
-                      cache.values[i, :, :, :end], mask)
+        values = qkv[..., heads * dim:].view(rows, new, w.kv_heads, dim)
+        out = attend(i, rotated[:, :, : w.heads], rotated[:, :, w.heads:], values)
         hidden = hidden + layer.out(out)
         gate, up = layer.gate_up(_rms_norm(hidden, layer.post_norm, w.eps)).chunk(2, dim=-1)
         hidden = hidden + layer.down(F.silu(gate) * up)
     return w.lm_head(_rms_norm(hidden[:, -1], w.norm, w.eps))
 
 
+@torch.inference_mode()
+def prefill(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
+            valid: Tensor) -> Tensor:
+    """Feed the left-padded prompts ``tokens [prompts, P]`` (at ``positions``; ``valid``
+    False on padding) into the cache's prompt columns; the logits after each prompt."""
+    floor = torch.finfo(w.dtype).min  # not -inf: a padding query that sees only padding is
+    cache.prompt_mask.copy_(torch.where(valid, 0.0, floor))  # harmless instead of NaN
+    length = tokens.shape[1]
+    future = torch.ones((length, length), dtype=torch.bool).triu(1)
+    mask = cache.prompt_mask[:, None, None, :].masked_fill(future, floor)
+
+    def attend(i: int, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        cache.prompt_keys[i] = keys.transpose(1, 2)
+        cache.prompt_values[i] = values.transpose(1, 2)
+        return _attend_prompt(queries, keys, values, mask)
+
+    return _layers(w, tokens, positions, attend)
+
+
+@torch.inference_mode()
+def decode(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor) -> Tensor:
+    """Feed one token per row (``tokens [rows]`` at ``positions``) into the next response
+    column; the logits after it."""
+    column = cache.offset + cache.length
+    cache.length += 1
+
+    def attend(i: int, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        cache.keys[i, :, :, column] = keys[:, 0]
+        cache.values[i, :, :, column] = values[:, 0]
+        return _attend_decode(queries[:, 0], cache, i)[:, None]
+
+    return _layers(w, tokens[:, None], positions[:, None], attend)
+
+
 class LeanDecoder:
-    """The engine's decoder interface over :func:`forward`: prefill once, then one token per
-    call; ``select`` keeps only the given rows."""
+    """The engine's decoder interface: prefill once, then one token per call; ``select``
+    keeps only the given rows."""
 
     def __init__(self, weights: LeanWeights, input_ids: Tensor, attention: Tensor,
                  positions: Tensor, group_size: int, max_new_tokens: int) -> None:
         self.weights = weights
-        self.cache = KVCache(weights, input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
-        self.first_logits = forward(weights, self.cache, input_ids, positions, attention.bool())
-        # the G samples of a prompt share its prefill: repeat the cache, not the computation
-        self.cache.select(torch.arange(input_ids.shape[0]).repeat_interleave(group_size))
-        self.first_logits = self.first_logits.repeat_interleave(group_size, dim=0)
+        prompts, length = input_ids.shape
+        self.cache = KVCache(weights, prompts, length, group_size, max_new_tokens)
+        logits = prefill(weights, self.cache, input_ids, positions, attention.bool())
+        # the G samples of a prompt share its prefill and its columns of the cache
+        self.first_logits = logits.repeat_interleave(group_size, dim=0)
+        if group_size == 1:  # nothing to share
+            self.cache.select(torch.arange(prompts))
 
     def select(self, keep: Tensor) -> None:
         self.cache.select(keep)
 
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        ones = torch.ones((len(tokens), 1), dtype=torch.bool)
-        return forward(self.weights, self.cache, tokens[:, None], positions[:, None], ones)
+        return decode(self.weights, self.cache, tokens, positions)

@@ -10,7 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.policy import apply_lora
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.rollout.lean import LeanWeights, unsupported_reason
+from postrl.rollout.lean import LeanDecoder, LeanWeights, unsupported_reason
 
 
 def prompts(tokenizer):
@@ -121,3 +121,41 @@ def test_without_onednn_the_lean_forward_uses_plain_matmuls(tiny, monkeypatch):
     assert not weights.lm_head.packed and weights.lm_head.weight.layout == torch.strided
     plain = HFRolloutEngine(model, tokenizer).generate(prompts(tokenizer), 2, params, seed=4)
     assert_same_rollouts(packed, plain, 1e-5)
+
+
+@pytest.mark.parametrize("group", [3, 1])
+def test_each_decode_step_is_the_policys_forward_as_rows_leave(tiny, group):
+    """While all of a prompt's samples run they read its keys and values from one shared
+    copy; after rows leave, each row reads its own. Each step's logits are the policy's own
+    forward over the prompt and the row's tokens so far, in both layouts and across both."""
+    model, tokenizer = tiny
+    texts, steps = prompts(tokenizer), 6
+    width = max(len(t) for t in texts)
+    input_ids = torch.zeros((len(texts), width), dtype=torch.long)
+    attention = torch.zeros((len(texts), width), dtype=torch.long)
+    for i, t in enumerate(texts):  # left padded, like the engine
+        input_ids[i, width - len(t):], attention[i, width - len(t):] = torch.tensor(t), 1
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    weights = LeanWeights.of(model, torch.float32, rows=len(texts) * group)
+    decoder = LeanDecoder(weights, input_ids, attention, positions, group, steps)
+    assert decoder.cache.shared == (group > 1)
+    rows = list(range(len(texts) * group))  # original row of each running row
+    history = {r: [] for r in rows}
+    logits, generator = decoder.first_logits, torch.Generator().manual_seed(0)
+    for step in range(steps):
+        with torch.no_grad():
+            for j, r in enumerate(rows):
+                ids = torch.tensor([texts[r // group] + history[r]])
+                expected = model(input_ids=ids).logits[0, -1]
+                assert (logits[j] - expected).abs().max() < 1e-4, (step, r)
+        if step in (2, 4):  # all of prompt 1's rows end and one of prompt 2's; then another
+            keep = ([j for j, r in enumerate(rows) if r // group != 1 and r != 7]
+                    if step == 2 else list(range(1, len(rows))))
+            decoder.select(torch.tensor(keep))
+            rows, logits = [rows[j] for j in keep], logits[keep]
+            assert not decoder.cache.shared
+        tokens = torch.randint(0, len(tokenizer), (len(rows),), generator=generator)
+        for r, token in zip(rows, tokens.tolist(), strict=True):
+            history[r].append(token)
+        logits = decoder.step(tokens, torch.tensor([len(texts[r // group]) + step
+                                                    for r in rows]))
