@@ -10,6 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.policy import apply_lora
 from postrl.rollout import HFRolloutEngine, SamplingParams
+from postrl.rollout import lean as lean_module
 from postrl.rollout.lean import LeanDecoder, LeanWeights, unsupported_reason
 
 
@@ -39,7 +40,10 @@ def assert_same_rollouts(a, b, logprob_tol):
                                     SamplingParams(temperature=0.7, top_k=50, top_p=0.9,
                                                    max_new_tokens=40),
                                     SamplingParams(temperature=0.0, max_new_tokens=12)])
-def test_lean_sampling_matches_transformers_on_tiny_llama(tiny, params):
+@pytest.mark.parametrize("share_from", [1, 10**6], ids=["shared prompts", "per row"])
+def test_lean_sampling_matches_transformers_on_tiny_llama(tiny, params, share_from,
+                                                          monkeypatch):
+    monkeypatch.setattr(lean_module, "SHARE_PROMPTS_FROM", share_from)
     model, tokenizer = tiny
     lean, plain = engines(model, tokenizer)
     for seed in range(3):
@@ -137,7 +141,7 @@ def test_each_decode_step_is_the_policys_forward_as_rows_leave(tiny, group):
         input_ids[i, width - len(t):], attention[i, width - len(t):] = torch.tensor(t), 1
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
     weights = LeanWeights.of(model, torch.float32, rows=len(texts) * group)
-    decoder = LeanDecoder(weights, input_ids, attention, positions, group, steps)
+    decoder = LeanDecoder(weights, input_ids, attention, positions, group, steps, share_from=1)
     assert decoder.cache.shared == (group > 1)
     rows = list(range(len(texts) * group))  # original row of each running row
     history = {r: [] for r in rows}
