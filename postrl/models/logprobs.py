@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from postrl.models import layers
-from postrl.models.packing import Packing, attention_bias, pack_responses
+from postrl.models.packing import attention_bias, pack_responses
 from postrl.models.vocab import logprob_and_entropy
 
 
@@ -94,86 +94,81 @@ def response_logprobs(
 def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
                     compile_layers: bool = False) -> Tensor:
     """``[N, T, H]``: the last hidden states that predict each response token (the one at
-    column ``c`` predicts the token at ``c + 1``)."""
+    column ``c`` predicts the token at ``c + 1``). Llama-style models run postrl's own layers
+    when prompts are shared; other models, and whole rows (``share_prompts`` off: FSDP2),
+    run transformers' forward."""
     width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
+    own = share_prompts and layers.unsupported_reason(model) is None
+    body = _OwnLayers(model, compile_layers) if own else _Transformers(model)
     prompts, rows = (shared_prompts(batch.input_ids[:, :width], batch.attention_mask[:, :width])
                      if share_prompts else (None, None))
-    if share_prompts and layers.unsupported_reason(model) is None:
-        return _layers_hidden(model, batch, prompts, rows, compile_layers)
     if prompts is None or len(prompts) == len(rows):  # one plain forward
-        hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                             position_ids=batch.position_ids, use_cache=False).last_hidden_state
+        hidden, _ = body.forward(batch.input_ids, batch.position_ids, batch.attention_mask)
         return hidden[:, width - 1 : width - 1 + response_width]
     # each distinct prompt once (equal ids and masks: equal positions too)
-    cache = DynamicCache(config=model.config)
-    keyword = cache_keyword(model.model)
-    prompt = model.model(input_ids=batch.input_ids[prompts, :width],
-                         attention_mask=batch.attention_mask[prompts, :width],
-                         position_ids=batch.position_ids[prompts, :width], use_cache=True,
-                         **{keyword: cache})
-    if response_width == 1:
-        return prompt.last_hidden_state[rows, -1:]  # predicts the first response token
-    packing = pack_responses(batch.input_ids[:, width:], batch.attention_mask[:, width:],
-                             batch.position_ids[:, width:], rows)
-    if packing is not None:
-        return _packed_hidden(model, batch, prompts, prompt.last_hidden_state[:, -1], cache,
-                              keyword, packing)
-    cache.reorder_cache(rows)  # each row gets its prompt's keys and values (a differentiable
-    # index_select: their gradients add up over the rows of the prompt)
-    last = prompt.last_hidden_state[rows, -1:]
-    responses = model.model(
-        input_ids=batch.input_ids[:, width:-1], attention_mask=batch.attention_mask[:, :-1],
-        position_ids=batch.position_ids[:, width:-1], use_cache=True,
-        **{keyword: cache}).last_hidden_state
-    return torch.cat([last, responses], dim=1)
-
-
-def _layers_hidden(model, batch: SequenceBatch, prompts: Tensor, rows: Tensor,
-                   compiled: bool) -> Tensor:
-    """:func:`response_hidden` through :func:`postrl.models.layers.body` (Llama-style models;
-    not under FSDP2, whose parameters exist only inside their modules' forward)."""
-    width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
-    dtype = model.get_input_embeddings().weight.dtype  # the residual stream's
-    if len(prompts) == len(rows):  # one plain forward
-        hidden, _ = layers.body(model, batch.input_ids, batch.position_ids,
-                                layers.causal_bias(batch.attention_mask, dtype),
-                                compiled=compiled)
-        return hidden[:, width - 1 : width - 1 + response_width]
     prompt_mask = batch.attention_mask[prompts, :width]
-    prompt, keys_values = layers.body(model, batch.input_ids[prompts, :width],
-                                      batch.position_ids[prompts, :width],
-                                      layers.causal_bias(prompt_mask, dtype),
-                                      compiled=compiled)
+    prompt, past = body.forward(batch.input_ids[prompts, :width],
+                                batch.position_ids[prompts, :width], prompt_mask, keep=True)
     if response_width == 1:
         return prompt[rows, -1:]  # predicts the first response token
     packing = pack_responses(batch.input_ids[:, width:], batch.attention_mask[:, width:],
                              batch.position_ids[:, width:], rows)
     if packing is not None:
-        packed, _ = layers.body(model, packing.input_ids, packing.position_ids,
-                                attention_bias(packing, prompt_mask, dtype),
-                                keys_values.select(packing.prompts), compiled)
+        bias = attention_bias(packing, prompt_mask, prompt.dtype)  # the residual stream's
+        packed, _ = body.forward(packing.input_ids, packing.position_ids, bias,
+                                 body.select(past, packing.prompts))
         hidden = torch.cat([prompt[:, -1], packed.flatten(0, 1)]).index_select(0, packing.source)
         return hidden.view(*batch.input_ids[:, width:].shape, -1)
-    responses, _ = layers.body(
-        model, batch.input_ids[:, width:-1], batch.position_ids[:, width:-1],
-        layers.causal_bias(batch.attention_mask[:, :-1], dtype, queries=response_width - 1),
-        keys_values.select(rows), compiled)
+    # each row gets its prompt's keys and values (a differentiable index_select: their
+    # gradients add up over the rows of the prompt)
+    responses, _ = body.forward(batch.input_ids[:, width:-1], batch.position_ids[:, width:-1],
+                                batch.attention_mask[:, :-1], body.select(past, rows))
     return torch.cat([prompt[rows, -1:], responses], dim=1)
 
 
-def _packed_hidden(model, batch: SequenceBatch, prompts: Tensor, prompt_last: Tensor,
-                   cache: DynamicCache, keyword: str, packing: Packing) -> Tensor:
-    """:func:`response_hidden` with the responses packed into fewer rows
-    (:mod:`postrl.models.packing`); ``cache`` (passed as ``keyword``) holds the distinct
-    prompts' keys and values."""
-    cache.reorder_cache(packing.prompts)
-    bias = attention_bias(packing, batch.attention_mask[prompts, :batch.prompt_width],
-                          prompt_last.dtype)  # the residual stream's, as transformers' masks
-    packed = model.model(input_ids=packing.input_ids, attention_mask=bias,
-                         position_ids=packing.position_ids, use_cache=True,
-                         **{keyword: cache}).last_hidden_state
-    hidden = torch.cat([prompt_last, packed.flatten(0, 1)]).index_select(0, packing.source)
-    return hidden.view(*batch.input_ids[:, batch.prompt_width:].shape, -1)
+class _OwnLayers:
+    """:func:`response_hidden`'s forward through :func:`postrl.models.layers.body`
+    (Llama-style models; not under FSDP2, whose parameters exist only inside their modules'
+    forward). Past keys and values are :class:`postrl.models.layers.KeysValues`."""
+
+    def __init__(self, model, compiled: bool) -> None:
+        self.model, self.compiled = model, compiled
+        self.dtype = model.get_input_embeddings().weight.dtype  # the residual stream's
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor, mask: Tensor,
+                past: layers.KeysValues | None = None, keep: bool = False):
+        """``(last hidden states, keys and values)`` over ``input_ids`` after ``past``;
+        ``mask`` is the 2-D attention mask of all the columns (causal) or a 4-D bias."""
+        if mask.dim() == 2:
+            mask = layers.causal_bias(mask, self.dtype, queries=input_ids.shape[1])
+        return layers.body(self.model, input_ids, position_ids, mask, past, self.compiled)
+
+    @staticmethod
+    def select(past: layers.KeysValues, rows: Tensor) -> layers.KeysValues:
+        return past.select(rows)
+
+
+class _Transformers:
+    """The same through transformers' forward; past keys and values are its cache, kept
+    only when asked (``keep``)."""
+
+    def __init__(self, model) -> None:
+        self.body = model.model
+        self.config, self.keyword = model.config, cache_keyword(model.model)
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor, mask: Tensor,
+                past: DynamicCache | None = None, keep: bool = False):
+        if past is None and keep:
+            past = DynamicCache(config=self.config)
+        cache = {"use_cache": False} if past is None else {"use_cache": True, self.keyword: past}
+        out = self.body(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                        **cache)
+        return out.last_hidden_state, past
+
+    @staticmethod
+    def select(past: DynamicCache, rows: Tensor) -> DynamicCache:
+        past.reorder_cache(rows)
+        return past
 
 
 def lm_head_chunks(model) -> Callable[[Tensor], Tensor]:
