@@ -18,6 +18,7 @@ it does not cover, and such models are sampled with transformers' forward instea
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -193,6 +194,14 @@ def _flash(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = No
         query, keys, values, attn_mask=mask)
 
 
+@functools.cache
+def _flash_available() -> bool:
+    """:func:`_flash`'s kernel is internal to PyTorch, so its presence (with a mask argument)
+    is checked, not assumed; without it, prompts are not shared."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return op is not None and "attn_mask" in str(op.default._schema)
+
+
 def _attend_decode(query: Tensor, cache: KVCache, layer: int) -> Tensor:
     """One new query per row (``[rows, heads, dim]``) over its prompt's columns and its own,
     ``[rows, heads * dim]``.
@@ -322,7 +331,8 @@ class LeanDecoder:
         # the G samples of a prompt share its prefill and its columns of the cache
         self.first_logits = logits.repeat_interleave(group_size, dim=0)
         share_from = SHARE_PROMPTS_FROM if share_from is None else share_from
-        if group_size == 1 or length < share_from:  # nothing to share, or not worth it
+        # nothing to share, not worth it, or no kernel for it
+        if group_size == 1 or length < share_from or not _flash_available():
             self.cache.select(torch.arange(prompts * group_size))
 
     def select(self, keep: Tensor) -> None:

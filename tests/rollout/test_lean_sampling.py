@@ -127,6 +127,16 @@ def test_without_onednn_the_lean_forward_uses_plain_matmuls(tiny, monkeypatch):
     assert_same_rollouts(packed, plain, 1e-5)
 
 
+def left_padded(texts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention, positions)`` as the engine lays prompts out."""
+    width = max(len(t) for t in texts)
+    input_ids = torch.zeros((len(texts), width), dtype=torch.long)
+    attention = torch.zeros((len(texts), width), dtype=torch.long)
+    for i, t in enumerate(texts):
+        input_ids[i, width - len(t):], attention[i, width - len(t):] = torch.tensor(t), 1
+    return input_ids, attention, (attention.cumsum(dim=1) - 1).clamp(min=0)
+
+
 @pytest.mark.parametrize("group", [3, 1])
 def test_each_decode_step_is_the_policys_forward_as_rows_leave(tiny, group):
     """While all of a prompt's samples run they read its keys and values from one shared
@@ -134,14 +144,8 @@ def test_each_decode_step_is_the_policys_forward_as_rows_leave(tiny, group):
     forward over the prompt and the row's tokens so far, in both layouts and across both."""
     model, tokenizer = tiny
     texts, steps = prompts(tokenizer), 6
-    width = max(len(t) for t in texts)
-    input_ids = torch.zeros((len(texts), width), dtype=torch.long)
-    attention = torch.zeros((len(texts), width), dtype=torch.long)
-    for i, t in enumerate(texts):  # left padded, like the engine
-        input_ids[i, width - len(t):], attention[i, width - len(t):] = torch.tensor(t), 1
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
     weights = LeanWeights.of(model, torch.float32, rows=len(texts) * group)
-    decoder = LeanDecoder(weights, input_ids, attention, positions, group, steps, share_from=1)
+    decoder = LeanDecoder(weights, *left_padded(texts), group, steps, share_from=1)
     assert decoder.cache.shared == (group > 1)
     rows = list(range(len(texts) * group))  # original row of each running row
     history = {r: [] for r in rows}
@@ -163,3 +167,18 @@ def test_each_decode_step_is_the_policys_forward_as_rows_leave(tiny, group):
             history[r].append(token)
         logits = decoder.step(tokens, torch.tensor([len(texts[r // group]) + step
                                                     for r in rows]))
+
+
+def test_without_pytorchs_attention_kernel_with_log_sum_exps_prompts_are_not_shared(
+        tiny, monkeypatch):
+    model, tokenizer = tiny
+    texts = prompts(tokenizer)
+    weights = LeanWeights.of(model, torch.float32, rows=len(texts) * 2)
+    shared = LeanDecoder(weights, *left_padded(texts), 2, 4, share_from=1)
+    monkeypatch.setattr(lean_module, "_flash_available", lambda: False)
+    copied = LeanDecoder(weights, *left_padded(texts), 2, 4, share_from=1)
+    assert shared.cache.shared and not copied.cache.shared
+    tokens = torch.arange(6) + 10
+    positions = torch.tensor([len(t) for t in texts]).repeat_interleave(2)
+    torch.testing.assert_close(shared.step(tokens, positions), copied.step(tokens, positions),
+                               atol=1e-5, rtol=0)
