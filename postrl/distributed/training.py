@@ -107,7 +107,9 @@ class TrainWorker:
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
             self.critic.to(self.device)
-            critic = wrap(mode, ValueScorer(self.critic), decoder_layers(self.critic.backbone))
+            critic = wrap(mode, ValueScorer(self.critic, share_prompts=mode != "fsdp2",
+                                            compile_layers=self.cfg.torch_compile),
+                          decoder_layers(self.critic.backbone))
         optimizer, critic_optimizer = make_optimizers(self.cfg, self.policy, self.critic)
         load_optimizer_state(optimizer, state["optimizer"])
         if critic_optimizer is not None:

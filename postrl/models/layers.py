@@ -40,7 +40,19 @@ class KeysValues:
 
 
 def architecture_reason(model) -> str | None:
-    """What in ``model`` is not a plain Llama/Qwen2 decoder (None when nothing is)."""
+    """What in ``model`` is not a plain Llama/Qwen2 decoder with a plain LM head (None when
+    nothing is)."""
+    reason = body_reason(model)
+    if reason is None and not hasattr(model, "lm_head"):
+        return "an unfamiliar module layout"
+    if reason is None and (type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None):
+        return "a non-plain LM head"
+    return reason
+
+
+def body_reason(model) -> str | None:
+    """What in ``model.model`` (the decoder body) or ``model.config`` is not a plain Llama/Qwen2
+    decoder (None when nothing is)."""
     config = model.config
     if config.model_type not in MODEL_TYPES:
         return f"model type {config.model_type!r}"
@@ -49,7 +61,7 @@ def architecture_reason(model) -> str | None:
     if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
         return "sliding-window layers"
     body = getattr(model, "model", None)
-    if body is None or not hasattr(body, "layers") or not hasattr(model, "lm_head"):
+    if body is None or not hasattr(body, "layers"):
         return "an unfamiliar module layout"
     for layer in body.layers:  # peft adapters or quantised linears: leave them to transformers
         attn, mlp = layer.self_attn, layer.mlp
@@ -57,14 +69,13 @@ def architecture_reason(model) -> str | None:
                    mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         if any(type(m) is not nn.Linear for m in linears):
             return "non-plain linear layers (adapters or quantisation)"
-    if type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None:
-        return "a non-plain LM head"
     return None
 
 
 def unsupported_reason(model) -> str | None:
-    """Why :func:`body` cannot run ``model``'s training forward (None when it can)."""
-    reason = architecture_reason(model)
+    """Why :func:`body` cannot run ``model``'s training forward (None when it can); only the
+    body counts (the LM head is not part of it)."""
+    reason = body_reason(model)
     if reason is not None:
         return reason
     if getattr(model.config, "attention_dropout", 0.0):

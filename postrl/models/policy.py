@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from postrl.models.logprobs import SequenceBatch, response_logprobs
+from postrl.models.logprobs import SequenceBatch, response_hidden, response_logprobs
 
 
 def apply_lora(model, r: int, alpha: int, dropout: float, target_modules: list[str]):
@@ -63,12 +63,26 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def values(self, batch: SequenceBatch) -> torch.Tensor:
-        hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                               position_ids=batch.position_ids, use_cache=False).last_hidden_state
-        width = batch.input_ids.shape[1] - batch.prompt_width
-        hidden = hidden[:, batch.prompt_width - 1 : batch.prompt_width - 1 + width]
-        return self.head(hidden).squeeze(-1).float()
+    def values(self, batch: SequenceBatch, share_prompts: bool = True,
+               compile_layers: bool = False) -> torch.Tensor:
+        """``[N, T]`` float32, 0 outside the response mask. The backbone runs like the
+        policy's scoring forward (:func:`postrl.models.logprobs.response_hidden`): rows of a
+        prompt share its forward unless ``share_prompts`` is off (FSDP2), responses packed,
+        postrl's own layers for Llama-style backbones (compiled with ``compile_layers``)."""
+        hidden = response_hidden(_Body(self.backbone), batch, share_prompts, compile_layers)
+        values = self.head(hidden).squeeze(-1).float()
+        return values.masked_fill(~batch.attention_mask[:, batch.prompt_width:].bool(), 0.0)
+
+
+class _Body:
+    """What :func:`response_hidden` reads of a causal LM (its body and config), around a
+    bare decoder body such as the critic's backbone."""
+
+    def __init__(self, body) -> None:
+        self.model, self.config = body, body.config
+
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
 
 
 def save_policy(model, tokenizer, path: Path) -> None:

