@@ -125,8 +125,9 @@ class KVCache:
     - **Per row**, once finished rows have left (:meth:`select`): each row's ``keys``/``values``
       hold its prompt's columns, then its response's (``[layers, rows, kv_heads, P + max_new,
       dim]``), under ``row_mask``. The prompt copies cost a read per row, but no bookkeeping
-      of which prompt the remaining rows sample from (measured, the cheaper of the two once
-      rows have left).
+      of which prompt the remaining rows sample from: a scatter of queries and a gather of
+      outputs in every layer, which measured as slow or slower (90-token prompts, 20 of 32
+      rows: 34.3 against 33.0 ms per bf16 decode step, 59.6 against 60.0 in fp32).
     """
 
     def __init__(self, weights: LeanWeights, prompts: int, prompt_len: int, width: int,
