@@ -54,11 +54,15 @@ def test_lean_sampling_matches_transformers_on_tiny_llama(tiny, params, share_fr
         assert len(set(a.lengths.tolist())) > 2 and "eos" in a.finish_reasons
 
 
-def test_lean_sampling_in_bf16_is_as_close_to_the_float32_policy_as_transformers(tiny):
+@pytest.mark.parametrize("share_from", [1, 10**6], ids=["shared prompts", "per row"])
+def test_lean_sampling_in_bf16_is_as_close_to_the_float32_policy_as_transformers(
+        tiny, share_from, monkeypatch):
     """In bf16 the two forwards round differently (the fused attention keeps its softmax and
     weighted sum in float32, transformers' eager attention rounds the probabilities to bf16),
     so on the tiny model's near-uniform distributions a drawn token may move to a neighbour.
-    Both must score their samples like the float32 policy, the lean one no worse."""
+    Both must score their samples like the float32 policy, the lean one no worse, also when
+    the prompt's and the response's attention are merged from two bf16 parts."""
+    monkeypatch.setattr(lean_module, "SHARE_PROMPTS_FROM", share_from)
     model, tokenizer = tiny
     lean, plain = engines(model, tokenizer, precision="bf16")
     params = SamplingParams(temperature=1.0, max_new_tokens=30)
