@@ -211,6 +211,31 @@ def test_logprobs_of_a_batch_without_scored_tokens_are_zero_and_back_propagate(t
     model.zero_grad(set_to_none=True)
 
 
+def count_body_calls(monkeypatch, own_layers: bool, body) -> list:
+    """The input ids' shape of every forward through the decoder ``body`` from now on: through
+    postrl's layers (``layers.body``), or, with them switched off, transformers' own."""
+    calls = []
+    if own_layers:
+        own = layers.body
+
+        def counting_layers(model, input_ids, *args, **kwargs):
+            calls.append(input_ids.shape)
+            return own(model, input_ids, *args, **kwargs)
+
+        monkeypatch.setattr(layers, "body", counting_layers)
+        return calls
+    monkeypatch.setattr(layers, "unsupported_reason", lambda model: "switched off")
+    forward = body.forward
+
+    @functools.wraps(forward)  # keeps its signature (the cache argument's name)
+    def counting(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(body, "forward", counting)
+    return calls
+
+
 @pytest.mark.parametrize(("lengths", "packed_rows"), [
     ([5, 1, 3, 5, 2, 0], 3),  # segments [4] and [2, 1] after the short prompt, [4] after
     # the long one (a response of one token, or none, needs no segment)
@@ -238,25 +263,7 @@ def test_rows_sharing_a_prompt_share_its_forward_and_match_their_own_forwards(
         mask[0] = torch.tensor([True, False, True, True, False])
     batch = SequenceBatch.build(prompts, responses, mask, tokenizer.pad_token_id)
 
-    prompt_rows = []
-    if own_layers:
-        body = layers.body
-
-        def counting_body(model, input_ids, *args, **kwargs):
-            prompt_rows.append(input_ids.shape)
-            return body(model, input_ids, *args, **kwargs)
-
-        monkeypatch.setattr(layers, "body", counting_body)
-    else:
-        monkeypatch.setattr(layers, "unsupported_reason", lambda model: "switched off")
-        forward = model.model.forward
-
-        @functools.wraps(forward)  # keeps its signature (the cache argument's name)
-        def counting(*args, **kwargs):
-            prompt_rows.append(kwargs["input_ids"].shape)
-            return forward(*args, **kwargs)
-
-        monkeypatch.setattr(model.model, "forward", counting)
+    prompt_rows = count_body_calls(monkeypatch, own_layers, model.model)
     logp, entropy = response_logprobs(model, batch, temperature=0.7, with_entropy=True)
     monkeypatch.undo()
     assert prompt_rows[0] == (2, batch.prompt_width)  # the two distinct prompts, once each
@@ -312,19 +319,9 @@ def test_critic_values_share_prompts_and_match_each_row_alone(tiny, own_layers, 
     responses = torch.randint(5, 100, (4, 5), generator=torch.Generator().manual_seed(1))
     mask = torch.arange(5)[None] < torch.tensor([5, 2, 3, 5])[:, None]
     batch = SequenceBatch.build(prompts, responses, mask, tokenizer.pad_token_id)
-    calls = []
-    if own_layers:
-        body = layers.body
-
-        def counting_body(model, input_ids, *args, **kwargs):
-            calls.append(input_ids.shape)
-            return body(model, input_ids, *args, **kwargs)
-
-        monkeypatch.setattr(layers, "body", counting_body)
-    else:
-        monkeypatch.setattr(layers, "unsupported_reason", lambda model: "switched off")
+    calls = count_body_calls(monkeypatch, own_layers, critic.backbone)
     values = critic.values(batch)
-    assert calls[:1] == ([(2, batch.prompt_width)] if own_layers else [])
+    assert calls[0] == (2, batch.prompt_width)  # the two distinct prompts, once each
     monkeypatch.undo()
     critic.zero_grad()
     (values * torch.arange(1, 5)[:, None]).sum().backward()
