@@ -131,7 +131,7 @@ def _layer(layer, hidden: Tensor, cos: Tensor, sin: Tensor, bias: Tensor,
     query = _linear(x, attn.q_proj).view(rows, width, -1, dim).transpose(1, 2)
     key = _linear(x, attn.k_proj).view(rows, width, -1, dim).transpose(1, 2)
     value = _linear(x, attn.v_proj).view(rows, width, -1, dim).transpose(1, 2)
-    query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
+    query, key = rotate(query, cos, sin), rotate(key, cos, sin)
     keys = key if past_key is None else torch.cat([past_key, key], dim=2)
     values = value if past_value is None else torch.cat([past_value, value], dim=2)
     out = _attend(query * attn.scaling, keys, values, bias)
@@ -153,7 +153,9 @@ def _rms_norm(x: Tensor, norm: nn.Module) -> Tensor:
     return norm.weight * normed.to(x.dtype)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary position embedding of ``x`` (last dimension: the head's, in two halves) at the
+    angles whose cosines and sines are ``cos``/``sin`` (broadcast against ``x``)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 

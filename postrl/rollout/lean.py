@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from postrl.models.layers import architecture_reason
+from postrl.models.layers import architecture_reason, rotate
 
 
 def unsupported_reason(model) -> str | None:
@@ -183,11 +183,6 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 def _flash(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None):
     """PyTorch's fused CPU attention (softmax and weighted sum in float32), with the
     log-sum-exp of each query's scores: ``[B, H, L, dim]`` and ``[B, H, L]`` (float32)."""
@@ -268,7 +263,7 @@ def _layers(w: LeanWeights, tokens: Tensor, positions: Tensor, attend) -> Tensor
     for i, layer in enumerate(w.layers):
         qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, w.eps))
         # queries and keys rotate together: they are the first columns of qkv
-        rotated = _rotate(qkv[..., : heads * dim].view(rows, new, heads, dim), cos, sin)
+        rotated = rotate(qkv[..., : heads * dim].view(rows, new, heads, dim), cos, sin)
         values = qkv[..., heads * dim:].view(rows, new, w.kv_heads, dim)
         out = attend(i, rotated[:, :, : w.heads], rotated[:, :, w.heads:], values)
         hidden = hidden + layer.out(out)
