@@ -170,6 +170,8 @@ def _attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor
                           keys.transpose(2, 3))
     scores = (scores.view(rows, kv_heads, group, width, columns) + bias[:, :, None]).view(
         rows, kv_heads, group * width, columns)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    # float32 at least (float64 stays float64: its masked -1.8e308 would become -inf)
+    softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
+    weights = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(query.dtype)
     out = torch.matmul(weights, values).view(rows, heads, width, dim)
     return out.transpose(1, 2).reshape(rows, width, heads * dim)

@@ -286,6 +286,25 @@ def test_rows_sharing_a_prompt_share_its_forward_and_match_their_own_forwards(
     assert (logp[~mask] == 0).all() and (entropy[~mask] == 0).all()
 
 
+def test_a_float64_model_scores_padded_rows_without_nan(tiny):
+    """postrl's layers mask with the dtype's most negative value and take the softmax in at
+    least float32: in float64 that value must not be cast to float32 (-inf: a fully masked
+    padding query's softmax would be NaN, and NaN times a zero weight stays NaN)."""
+    model, tokenizer = tiny
+    wide = copy.deepcopy(model).double()
+    prompts = [tokenizer("What is 1 + 1?", add_special_tokens=False).input_ids,
+               tokenizer("Add seven and eight, please.", add_special_tokens=False).input_ids]
+    responses = torch.randint(5, 100, (2, 4), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    batch = SequenceBatch.build(prompts, responses, mask, tokenizer.pad_token_id)
+    wide_logp, _ = response_logprobs(wide, batch)
+    assert torch.isfinite(wide_logp).all()
+    wide_logp.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in wide.parameters() if p.grad is not None)
+    logp, _ = response_logprobs(model, batch)
+    torch.testing.assert_close(wide_logp.float(), logp.detach(), atol=1e-4, rtol=0)
+
+
 def test_a_prompt_that_begins_with_the_padding_token_is_not_taken_for_a_shorter_one(tiny):
     """Left-padded, [pad, a, b] and [a, b] have the same ids; only the masks tell them apart,
     and their first response tokens sit at different positions."""
