@@ -17,7 +17,12 @@ from postrl.errors import DataError, PostRLError
 from postrl.models import load_policy
 from postrl.models.logprobs import response_logprobs
 from postrl.models.policy import ReferencePolicy, ValueModel, apply_lora, causal_lm, save_policy
-from postrl.models.precision import MasterWeights, autocast, float32_module_autocast
+from postrl.models.precision import (
+    MasterWeights,
+    autocast,
+    float32_module_autocast,
+    precision_warning,
+)
 from postrl.process import configure_process
 from postrl.rewards import Scorer, load_reward, soft_overlong_penalty
 from postrl.rollout import HFRolloutEngine, SamplingParams
@@ -77,6 +82,10 @@ class Trainer:
         self.recipe = cfg.build_recipe()
         self.loss_cfg = self.recipe.policy_loss_config(cfg.max_new_tokens)
         configure_process(cfg.threads, cfg.reuse_freed_memory)
+        if cfg.launcher == "local" or not cfg.worker_gpus:  # every matmul on this CPU
+            slow = precision_warning(cfg.precision)
+            if slow:
+                warnings.warn(slow, stacklevel=2)
         seed_everything(cfg.seed)
         self.run = RunDir.create(cfg.run_dir(), overwrite=cfg.overwrite,
                                  resume=cfg.resume != "no")

@@ -2,12 +2,17 @@
 one step's loss and gradients in bf16 (autocast; a bf16 working copy over float32 masters)
 against fp32, on the tiny model."""
 
+import warnings
+
+import pytest
 import torch
 
 from postrl.models import load_policy
 from postrl.models.logprobs import SequenceBatch, response_logprobs
-from postrl.models.precision import MasterWeights, autocast
+from postrl.models.precision import MasterWeights, autocast, cpu_bf16_reason, precision_warning
 from postrl.objectives import BatchCounts, PolicyLossConfig, PolicyLossInputs, policy_loss
+from postrl.train.trainer import Trainer
+from tests.train.test_trainer import tiny_config
 
 LOSS_TOLERANCE = 1e-3  # relative, on the loss (measured: 6.5e-5)
 GRADIENT_COSINE = 0.999  # cosine of the full parameter gradients (measured: 1.0000)
@@ -126,3 +131,26 @@ def test_bf16_master_steps_the_masters_and_refreshes_the_working_copy():
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
     for p, w in zip(model.parameters(), master.working.parameters(), strict=True):
         assert torch.equal(w, p.detach().bfloat16())
+
+
+def test_a_cpu_without_fast_bf16_matmuls_is_named_and_fp32_never_warns(monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    reason = cpu_bf16_reason()
+    assert reason is not None and torch.backends.cpu.get_cpu_capability() in reason
+    assert precision_warning("fp32") is None
+    for precision in ("bf16", "bf16-master"):
+        message = precision_warning(precision)
+        assert message.startswith(f"precision={precision}: ") and message.endswith(
+            "precision=fp32 is faster here")
+
+
+@pytest.mark.parametrize("precision, warns", [("bf16", True), ("fp32", False)])
+def test_the_trainer_warns_at_start_when_bf16_would_be_slow_here(tmp_path, monkeypatch,
+                                                                  precision, warns):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(tiny_config(tmp_path, "grpo", f"precision={precision}", "steps=1"))
+    ours = [str(w.message) for w in caught if "fast bf16 matmuls" in str(w.message)]
+    assert len(ours) == int(warns)
+    assert all(m.startswith("precision=bf16: ") for m in ours)
