@@ -10,9 +10,10 @@ measured time; also set against the matmul rate at the model's own shapes (every
 layer's forward and two backward matmuls at one micro-batch's token count, the LM head at one
 chunk's, each timed alone), the most the training phase could reach if it were nothing but its
 matmuls. Generation: tokens per second, and time per decode step against the time to read the
-sampling weights once at the measured memory-read rate (a decode step reads every weight once:
-with few rows that read is the bound; with 32 rows in fp32 the matmuls' arithmetic takes
-longer than the read).
+sampling weights once at the measured memory-read rate and against the arithmetic of a decode
+step of the whole batch at the matmul peak (a decode step reads every weight once: with few rows
+that read is the bound; with 32 rows in fp32 the matmuls' arithmetic takes longer than the
+read).
 """
 
 from __future__ import annotations
@@ -118,6 +119,9 @@ def measure_postrl(model_spec: str, precision: str) -> dict:
             # one forward per token of the longest response (prefill and scoring included)
             "generate_ms_per_step": 1e3 * last["time/generate_s"] / max(last["length/max"], 1),
             "weight_mb": weight_bytes / 1e6,
+            # a decode step of all the batch's rows: 2 FLOPs per weight per row
+            "decode_gflop": 2.0 * sum(p.numel() for p in trainer.lm.parameters())
+            * cfg.prompts_per_step * cfg.group_size / 1e9,
             # one micro-batch's rows, as its linear layers see them
             "tokens_per_micro_batch": trained / micro_batches,
             # the LM head sees chunks of chunk_rows rows at the widest response's length
@@ -160,7 +164,9 @@ def main() -> None:
               f"{result['generate_tokens_per_s']:.0f} tokens/s ({result['generate_s']:.1f} s, "
               f"{result['generate_ms_per_step']:.0f} ms per decode step, against "
               f"{result['weight_mb'] / bandwidth:.0f} ms to read its "
-              f"{result['weight_mb']:.0f} MB of weights once)")
+              f"{result['weight_mb']:.0f} MB of weights once and "
+              f"{result['decode_gflop'] / peaks[peak] * 1e3:.0f} ms for a full batch's "
+              f"arithmetic at the {peak} peak)")
 
 
 if __name__ == "__main__":
