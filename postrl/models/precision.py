@@ -84,6 +84,15 @@ class MasterWeights:
             w.copy_(m)
 
 
+def cpu_has_fast_bf16() -> bool:
+    """oneDNN is there and runs bf16 on this CPU (AVX-512 or AMX)."""
+    try:
+        return (torch.backends.mkldnn.is_available()
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without the check
+        return False
+
+
 def cpu_bf16_reason() -> str | None:
     """Why bf16 matmuls are slow on this CPU; None where PyTorch has fast kernels for them.
 
@@ -92,12 +101,7 @@ def cpu_bf16_reason() -> str | None:
     Measured on a 2-core AMD EPYC with AVX2 only (2026-12-01): a bf16 linear at SmolLM2's
     shapes (1,000 x 576 -> 1,536) ran at 17 GFLOP/s against 112 in float32, and a 2,048-wide
     square bf16 matmul at 0.3 GFLOP/s against 92."""
-    try:
-        native = (torch.backends.mkldnn.is_available()
-                  and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a build without the check
-        native = False
-    if native:
+    if cpu_has_fast_bf16():
         return None
     return (f"this CPU has no fast bf16 matmuls (PyTorch's CPU capability: "
             f"{torch.backends.cpu.get_cpu_capability()}; oneDNN's bf16 kernels need AVX-512 or "

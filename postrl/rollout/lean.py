@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from postrl.models.layers import architecture_reason, rotate
+from postrl.models.precision import cpu_has_fast_bf16
 
 
 def unsupported_reason(model) -> str | None:
@@ -60,7 +61,7 @@ def _packable(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     if dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return cpu_has_fast_bf16()
     if dtype == torch.float16:
         return torch.ops.mkldnn._is_mkldnn_fp16_supported()
     return dtype == torch.float32
