@@ -20,6 +20,11 @@ bf16 setting is skipped unless ``--precisions`` asks for it: bf16 matmuls run th
 fallback kernels, several times slower than fp32, for both frameworks.
 ``--postrl-compile`` runs postrl with ``torch_compile=true``: its layers compile during the
 untimed first step, whose time is printed too.
+
+The table's last column is each framework's mean share of groups whose rewards were all equal
+in its timed steps (TRL's ``frac_reward_zero_std``): postrl runs such groups forward only
+(their gradient is exactly zero; the diagnostics still count them), TRL runs them forward and
+backward, so its training phase does not depend on it and postrl's does.
 """
 
 from __future__ import annotations
@@ -69,7 +74,8 @@ def run_postrl(steps: int, precision: str, micro_batch_size: int, compile_layers
     return {"warmup_s": [warmup["time/step_s"]], "step_s": [r["time/step_s"] for r in rows],
             "generate_s": [r["time/generate_s"] + r["time/score_s"] for r in rows],
             "train_s": [r["time/train_s"] + r["time/reference_s"] for r in rows],
-            "tokens": [r["length/mean"] * PROMPTS * GROUP for r in rows]}
+            "tokens": [r["length/mean"] * PROMPTS * GROUP for r in rows],
+            "zero_variance": [r["batch/zero_variance_frac"] for r in rows]}
 
 
 def run_trl(steps: int, precision: str) -> dict:
@@ -96,6 +102,7 @@ def run_trl(steps: int, precision: str) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=[math_answer], args=args,
                           train_dataset=dataset, processing_class=tokenizer)
     phases = {"generate": [], "loss_forward": [], "step": []}
+    zero_variance = []  # TRL's frac_reward_zero_std, logged each step
 
     def timed(name, function):
         def wrapper(*a, **k):
@@ -115,6 +122,10 @@ def run_trl(steps: int, precision: str) -> dict:
         def on_step_end(self, *a, **k):
             phases["step"][-1] = time.perf_counter() - self.start
 
+        def on_log(self, args, state, control, logs=None, **k):
+            if logs and "frac_reward_zero_std" in logs:
+                zero_variance.append(logs["frac_reward_zero_std"])
+
     trainer._generate_and_score_completions = timed(
         "generate", trainer._generate_and_score_completions)
     trainer.compute_loss = timed("loss_forward", trainer.compute_loss)
@@ -123,7 +134,7 @@ def run_trl(steps: int, precision: str) -> dict:
     steps_s = phases["step"][1:]
     return {"step_s": steps_s, "generate_s": phases["generate"][1:],
             "train_s": [s - g for s, g in zip(steps_s, phases["generate"][1:], strict=True)],
-            "loss_forward_s": phases["loss_forward"][1:]}
+            "loss_forward_s": phases["loss_forward"][1:], "zero_variance": zero_variance[1:]}
 
 
 def child(framework: str, steps: int, precision: str, micro_batch_size: int,
@@ -156,6 +167,8 @@ def summary(results: list[dict]) -> dict:
     merged = {k: [v for r in results for v in r.get(k, [])]
               for k in ("step_s", "generate_s", "train_s", "loss_forward_s", "warmup_s")}
     out = {k: statistics.median(v) for k, v in merged.items() if v}
+    zero_variance = [v for r in results for v in r.get("zero_variance", [])]
+    out["zero_variance"] = statistics.mean(zero_variance) if zero_variance else float("nan")
     out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
     return out
 
@@ -200,12 +213,13 @@ def main() -> None:
                                              args.micro_batch_size, args.postrl_compile))
                 print(f"  {precision} round {round_index + 1}: {framework} done", flush=True)
         table[precision] = {f: summary(r) for f, r in runs.items()}
-    print(f"\n{'setting':<19}{'step s':>9}{'generate s':>12}{'train s':>9}{'peak RSS MB':>13}")
+    print(f"\n{'setting':<19}{'step s':>9}{'generate s':>12}{'train s':>9}{'peak RSS MB':>13}"
+          f"{'zero-var groups':>17}")
     for precision, frameworks in table.items():
         for framework, s in frameworks.items():
             setting = f"{framework} {own(framework, precision, args.postrl_bf16)}"
             print(f"{setting:<19}{s['step_s']:>9.2f}{s['generate_s']:>12.2f}"
-                  f"{s['train_s']:>9.2f}{s['peak_rss_mb']:>13.0f}")
+                  f"{s['train_s']:>9.2f}{s['peak_rss_mb']:>13.0f}{s['zero_variance']:>17.2f}")
     for precision, f in table.items():
         print(f"postrl {own('postrl', precision, args.postrl_bf16)} first (untimed) step: "
               f"{f['postrl']['warmup_s']:.1f} s")

@@ -44,6 +44,8 @@ class UpdateSettings:
     precision: str = "fp32"
     device: str = "cpu"  # where this replica's modules live; batches stay on the CPU
     share_prompts: bool = True  # rows of a prompt share its forward (not under FSDP2)
+    # rows whose loss has no gradient run forward only, for the diagnostics (one process)
+    forward_only_zero_gradient: bool = True
 
 
 class TokenScorer(nn.Module):
@@ -161,6 +163,22 @@ def prompt_grouped(rows: Tensor, batch: TrainBatch) -> Tensor:
     return torch.tensor([i for members in groups.values() for i in members], dtype=torch.long)
 
 
+def zero_gradient_rows(rows: Tensor, batch: TrainBatch, loss_cfg: PolicyLossConfig,
+                       critic: nn.Module | None) -> Tensor:
+    """Which of ``rows`` contribute exactly nothing to the policy gradient: no response token
+    with a non-zero advantage, under a loss with no other per-token term (no KL in the loss,
+    no entropy bonus) and no critic to train. Every surrogate is ``ratio * advantage`` in
+    some form (ALGORITHMS.md §2), so such a row's loss is 0 and its gradient too, whatever
+    its ratio; its tokens still count in the normalisers. They are the groups whose rewards
+    are all equal (group-relative advantages, Dr. GRPO, RLOO) and rows with no token left
+    (overlong filtering). Boolean, one entry per row of ``rows``."""
+    none = torch.zeros(len(rows), dtype=torch.bool)
+    if critic is not None or loss_cfg.kl_coef or loss_cfg.entropy_coef or batch.advantages is None:
+        return none
+    carries = (batch.advantages[rows] != 0) & batch.response_mask[rows, :batch.advantages.shape[1]]
+    return ~carries.any(dim=1)
+
+
 def replica_micro_batches(rows: Tensor, rank: int, size: int, micro_batch_size: int,
                           order=None) -> list[tuple[Tensor, float]]:
     """``(rows, weight)`` of the micro-batches replica ``rank`` of ``size`` runs for one
@@ -234,15 +252,20 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
         models.critic_optimizer.zero_grad(set_to_none=True)
     finite = [True, True]  # policy, critic
     arrange = prompt_grouped if settings.share_prompts else length_sorted
-    micros = replica_micro_batches(rows, replica.rank, replica.size, settings.micro_batch_size,
+    trained, scored = _gradient_split(rows, batch, loss_cfg, models, settings, replica)
+    micros = replica_micro_batches(trained, replica.rank, replica.size,
+                                   settings.micro_batch_size,
                                    order=lambda share: arrange(share, batch))
+    micros = [(micro, weight, True) for micro, weight in micros] + [
+        (micro, 1.0, False) for micro in torch.split(arrange(scored, batch),
+                                                     settings.micro_batch_size) if len(micro)]
     # one autocast region per minibatch: its cache casts each weight to bf16 once, not once
     # per micro-batch (the weights only change at the optimizer step)
     with autocast(settings.precision, torch.device(settings.device).type):
-        for index, (micro, weight) in enumerate(micros):
+        for index, (micro, weight, backward) in enumerate(micros):
             with replica.accumulating(last=index == len(micros) - 1):
                 micro_finite = _micro_step(models, batch, micro, weight * replica.size, recipe,
-                                           loss_cfg, counts, settings, result)
+                                           loss_cfg, counts, settings, result, backward)
             finite = [a and b for a, b in zip(finite, micro_finite, strict=True)]
     policy_finite, critic_finite = replica.all_true(finite)
     if settings.train_policy:
@@ -267,13 +290,33 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
     return result
 
 
+def _gradient_split(rows: Tensor, batch: TrainBatch, loss_cfg: PolicyLossConfig,
+                    models: Trainable, settings: UpdateSettings,
+                    replica: Replica) -> tuple[Tensor, Tensor]:
+    """``(trained, scored)``: the rows that run forward and backward, and those that run
+    forward only, for the diagnostics (:func:`zero_gradient_rows`; rows without a response
+    token, which add nothing to any diagnostic either, run not at all). When no row has a
+    gradient one still runs backward: its zero gradient is what the optimizer would have
+    seen (momentum and weight decay still step). One process only: data-parallel replicas
+    must all run the same backwards."""
+    if not (settings.forward_only_zero_gradient and settings.train_policy and replica.size == 1):
+        return rows, rows[:0]
+    zero = zero_gradient_rows(rows, batch, loss_cfg, models.critic)
+    if zero.all():
+        zero[int(batch.lengths[rows].argmin())] = False  # the cheapest backward
+    scored = rows[zero]
+    return rows[~zero], scored[batch.response_mask[scored].any(dim=1)]
+
+
 def _micro_step(models: Trainable, batch: TrainBatch, micro: Tensor, scale: float,
                 recipe: Recipe, loss_cfg: PolicyLossConfig, counts: BatchCounts,
-                settings: UpdateSettings, result: RoundResult) -> tuple[bool, bool]:
+                settings: UpdateSettings, result: RoundResult,
+                backward: bool = True) -> tuple[bool, bool]:
     """Forward and backward of one micro-batch, its shares added to ``result``. ``scale`` is
     the number of replicas (DDP averages their gradients: this turns the average back into
-    the sum of the shares), or 0 for a replica's weight-0 row. Returns whether the policy
-    and the critic losses were finite."""
+    the sum of the shares), or 0 for a replica's weight-0 row. Without ``backward`` (rows
+    without a gradient, policy only) the forward runs under ``torch.no_grad`` for the
+    diagnostics. Returns whether the policy and the critic losses were finite."""
     need_entropy_grad = loss_cfg.entropy_coef > 0 or (
         loss_cfg.ratio == "hybrid" and loss_cfg.hybrid_mixing == "entropy")
     sequences = _on(batch.sequences(micro, settings.pad_id), settings.device)
@@ -281,9 +324,10 @@ def _micro_step(models: Trainable, batch: TrainBatch, micro: Tensor, scale: floa
     mask = batch.response_mask[micro, :width].to(settings.device)
     policy_finite = critic_finite = True
     if settings.train_policy:
-        diagnostics, policy_finite = _policy_micro_step(
-            models.policy, sequences, batch, micro, width, mask, loss_cfg, counts, settings,
-            need_entropy_grad, scale)
+        with nullcontext() if backward else torch.no_grad():
+            diagnostics, policy_finite = _policy_micro_step(
+                models.policy, sequences, batch, micro, width, mask, loss_cfg, counts, settings,
+                need_entropy_grad and backward, scale, backward)
         if scale:
             result.diagnostics = result.diagnostics.merge(diagnostics)
     if models.critic is not None:  # float32 weights: autocast in either bf16 mode
@@ -313,7 +357,7 @@ def _rows(tensor: Tensor | None, micro: Tensor, width: int, device: str) -> Tens
 def _policy_micro_step(policy, sequences, batch: TrainBatch, micro: Tensor, width: int,
                        mask: Tensor, loss_cfg: PolicyLossConfig, counts: BatchCounts,
                        settings: UpdateSettings, need_entropy_grad: bool,
-                       scale: float) -> tuple[Diagnostics, bool]:
+                       scale: float, backward: bool = True) -> tuple[Diagnostics, bool]:
     logp, entropy = policy(sequences, settings.temperature, need_entropy_grad)
     old = _rows(batch.old_logp, micro, width, settings.device)
     ref = _rows(batch.ref_logp, micro, width, settings.device)
@@ -322,7 +366,8 @@ def _policy_micro_step(policy, sequences, batch: TrainBatch, micro: Tensor, widt
                                        mask, ref, entropy), loss_cfg, counts)
     # always backward, even a non-finite loss: data-parallel replicas must all take part in
     # the gradient all-reduce; the non-finite step is then skipped by every replica
-    (out.loss * scale).backward()
+    if backward:
+        (out.loss * scale).backward()
     return out.diagnostics, bool(torch.isfinite(out.loss))
 
 

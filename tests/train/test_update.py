@@ -14,7 +14,9 @@ from postrl.train.update import (
     Trainable,
     UpdateSettings,
     prompt_grouped,
+    round_metrics,
     run_updates,
+    zero_gradient_rows,
 )
 from tests.train.test_trainer import tiny_config
 
@@ -62,3 +64,73 @@ def test_packed_prompt_groups_give_the_update_of_padded_rows_and_of_one_micro_ba
         assert norm == pytest.approx(after[0][0], rel=1e-5)
         for name, value in after[0][1].items():
             torch.testing.assert_close(state[name], value, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def _mixed_batch(trainer):
+    """3 prompts x 4 samples of different lengths; the middle group's rewards all equal (no
+    gradient), one row of the first group with no token left (as after overlong filtering)."""
+    timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
+    batch = assemble(trainer._generate_round(0, timings), overlong_filter=False)
+    batch.lengths = torch.tensor([16, 3, 9, 1, 12, 16, 5, 7, 2, 14, 16, 10])
+    batch.response_mask = torch.arange(16)[None] < batch.lengths[:, None]
+    batch.response_mask[3] = False
+    batch.rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5, 0.0, 1.0, 1.0, 0.0])
+    trainer._prepare(batch)
+    return batch
+
+
+@pytest.mark.parametrize("recipe", ["dr_grpo", "gspo", "dhpo", "cispo"])
+def test_rows_without_a_gradient_run_forward_only_and_change_no_step_or_metric(tmp_path,
+                                                                              recipe):
+    """Two epochs (the second with ratios away from 1): the forward-only rows give the same
+    gradient norms, diagnostics and weights as a backward through every row; a third step
+    over the zero-variance group alone still steps the optimizer's momentum."""
+    trainer = Trainer(tiny_config(tmp_path, recipe, "prompts_per_step=3", "max_new_tokens=16",
+                                  "epochs=2"))
+    batch = _mixed_batch(trainer)
+    rows = torch.arange(batch.rows)
+    zero = update_zero_rows(batch, trainer)
+    assert zero.tolist() == [False, False, False, True] + [True] * 4 + [False] * 4
+    settings = UpdateSettings(epochs=2, minibatches=1, micro_batch_size=3, temperature=1.0,
+                              max_grad_norm=None, pad_id=trainer.engine.pad_id)
+    plan = [rows, rows, rows[4:8]]
+    outcomes = []
+    for forward_only in (False, True):
+        lm = copy.deepcopy(trainer.lm).train()
+        grad_modes = []
+        lm.get_input_embeddings().register_forward_hook(
+            lambda *_, modes=grad_modes: modes.append(torch.is_grad_enabled()))
+        # SGD with momentum: linear in the gradients (Adam would magnify float32 roundoff
+        # in near-zero gradient entries), and a zero gradient still steps the momentum
+        optimizer = torch.optim.SGD(lm.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+        results = run_updates(
+            Trainable(TokenScorer(lm, tied_grads_in_place=True), optimizer), batch,
+            trainer.recipe, trainer.loss_cfg,
+            dataclasses.replace(settings, forward_only_zero_gradient=forward_only), plan)
+        outcomes.append(([round_metrics(r) for r in results], lm.state_dict(), grad_modes))
+    (full_metrics, full_state, full_modes), (metrics, state, modes) = outcomes
+    assert all(full_modes) and not all(modes)  # forward-only rows ran under no_grad
+    assert full_metrics[0]["grad/norm"] > 1e-3
+    assert full_metrics[2]["grad/norm"] == 0.0
+    for full, fast in zip(full_metrics, metrics, strict=True):
+        assert fast.keys() == full.keys()
+        for key, value in full.items():
+            assert fast[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    for name, value in full_state.items():
+        torch.testing.assert_close(state[name], value, atol=1e-6, rtol=1e-5)
+
+
+def update_zero_rows(batch, trainer):
+    return zero_gradient_rows(torch.arange(batch.rows), batch, trainer.loss_cfg, None)
+
+
+def test_a_kl_term_or_an_entropy_bonus_gives_every_row_a_gradient(tmp_path):
+    trainer = Trainer(tiny_config(tmp_path, "dr_grpo", "prompts_per_step=3",
+                                  "max_new_tokens=16"))
+    batch = _mixed_batch(trainer)
+    assert update_zero_rows(batch, trainer).sum() == 5
+    for change in ({"kl_coef": 0.01}, {"entropy_coef": 0.01}):
+        loss_cfg = dataclasses.replace(trainer.loss_cfg, **change)
+        assert not zero_gradient_rows(torch.arange(batch.rows), batch, loss_cfg, None).any()
+    assert not zero_gradient_rows(torch.arange(batch.rows), batch, trainer.loss_cfg,
+                                  torch.nn.Linear(1, 1)).any()  # a critic to train
