@@ -79,6 +79,10 @@ def _mixed_batch(trainer):
     return batch
 
 
+def _zero_rows(batch, trainer):
+    return zero_gradient_rows(torch.arange(batch.rows), batch, trainer.loss_cfg, None)
+
+
 @pytest.mark.parametrize("recipe", ["dr_grpo", "gspo", "dhpo", "cispo"])
 def test_rows_without_a_gradient_run_forward_only_and_change_no_step_or_metric(tmp_path,
                                                                               recipe):
@@ -89,7 +93,7 @@ def test_rows_without_a_gradient_run_forward_only_and_change_no_step_or_metric(t
                                   "epochs=2"))
     batch = _mixed_batch(trainer)
     rows = torch.arange(batch.rows)
-    zero = update_zero_rows(batch, trainer)
+    zero = _zero_rows(batch, trainer)
     assert zero.tolist() == [False, False, False, True] + [True] * 4 + [False] * 4
     settings = UpdateSettings(epochs=2, minibatches=1, micro_batch_size=3, temperature=1.0,
                               max_grad_norm=None, pad_id=trainer.engine.pad_id)
@@ -120,15 +124,11 @@ def test_rows_without_a_gradient_run_forward_only_and_change_no_step_or_metric(t
         torch.testing.assert_close(state[name], value, atol=1e-6, rtol=1e-5)
 
 
-def update_zero_rows(batch, trainer):
-    return zero_gradient_rows(torch.arange(batch.rows), batch, trainer.loss_cfg, None)
-
-
 def test_a_kl_term_or_an_entropy_bonus_gives_every_row_a_gradient(tmp_path):
     trainer = Trainer(tiny_config(tmp_path, "dr_grpo", "prompts_per_step=3",
                                   "max_new_tokens=16"))
     batch = _mixed_batch(trainer)
-    assert update_zero_rows(batch, trainer).sum() == 5
+    assert _zero_rows(batch, trainer).sum() == 5
     for change in ({"kl_coef": 0.01}, {"entropy_coef": 0.01}):
         loss_cfg = dataclasses.replace(trainer.loss_cfg, **change)
         assert not zero_gradient_rows(torch.arange(batch.rows), batch, loss_cfg, None).any()
