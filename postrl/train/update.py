@@ -175,7 +175,7 @@ def zero_gradient_rows(rows: Tensor, batch: TrainBatch, loss_cfg: PolicyLossConf
     none = torch.zeros(len(rows), dtype=torch.bool)
     if critic is not None or loss_cfg.kl_coef or loss_cfg.entropy_coef or batch.advantages is None:
         return none
-    carries = (batch.advantages[rows] != 0) & batch.response_mask[rows, :batch.advantages.shape[1]]
+    carries = (batch.advantages[rows] != 0) & batch.response_mask[rows]
     return ~carries.any(dim=1)
 
 
