@@ -21,6 +21,11 @@ fallback kernels, several times slower than fp32, for both frameworks.
 ``--postrl-compile`` runs postrl with ``torch_compile=true``: its layers compile during the
 untimed first step, whose time is printed too.
 
+Both train on the same prompts at every step: TRL gets postrl's sampled order, unshuffled,
+and each round's prompts are checked to be the same on both sides. Round ``r`` runs both with
+seed ``r`` (prompt order and sampling), so that the rounds average over the data as well as
+over the machine's drift: with one seed, every round would sample the same completions.
+
 The table's last column is each framework's mean share of groups whose rewards were all equal
 in its timed steps (TRL's ``frac_reward_zero_std``): postrl runs such groups forward only
 (their gradient is exactly zero; the diagnostics still count them), TRL runs them forward and
@@ -44,41 +49,61 @@ PROMPTS = 4
 GROUP = 8
 MAX_NEW = 64
 LR = 1e-6
-QUESTION = "What is {a} + {b}? Reply with only the number."
 
 
-def examples() -> list[dict]:
-    """The same prompts for both: single-digit additions from postrl's arithmetic task."""
+def prompt_order(steps: int, seed: int) -> list[dict]:
+    """The examples postrl's trainer takes in its first ``steps`` steps with ``seed``, in order:
+    its own seeded sampler over the arithmetic task (single-digit additions). TRL is given them
+    in this order, unshuffled, so that both train on the same prompts at every step."""
     from postrl.tasks import load_task
+    from postrl.train.sampling import PromptSampler
 
+    sampler = PromptSampler(load_task("arithmetic").train(), postrl_config(steps, seed).seed)
     return [{"question": e.question, "answer": e.columns["answer"]}
-            for e in load_task("arithmetic").train()]
+            for e in sampler.take(PROMPTS * steps)]
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_postrl(steps: int, precision: str, micro_batch_size: int, compile_layers: bool) -> dict:
+def postrl_config(steps: int, seed: int, precision: str = "fp32", micro_batch_size: int = 16,
+                  compile_layers: bool = False):
+    """postrl's run: ``steps`` steps in all, the warm-up included."""
     from postrl.config import load_config
-    from postrl.train.trainer import Trainer
 
-    cfg = load_config(None, [
+    return load_config(None, [
         "model=smollm2-135m-instruct", "recipe=dr_grpo", "task=arithmetic", f"lr={LR}",
         f"prompts_per_step={PROMPTS}", f"group_size={GROUP}", f"max_new_tokens={MAX_NEW}",
         f"precision={precision}", f"out={tempfile.mkdtemp()}/run", "quiet=true",
-        f"steps={steps + 1}", f"micro_batch_size={micro_batch_size}",
+        f"steps={steps}", f"seed={seed}", f"micro_batch_size={micro_batch_size}",
         f"torch_compile={str(compile_layers).lower()}"])
-    trainer = Trainer(cfg)
+
+
+def run_postrl(steps: int, seed: int, precision: str, micro_batch_size: int,
+               compile_layers: bool) -> dict:
+    from postrl.train.trainer import Trainer
+
+    trainer = Trainer(postrl_config(steps + 1, seed, precision, micro_batch_size,
+                                    compile_layers))
+    prompts = []  # the questions of each step, as its sampler hands them out
+    take = trainer.sampler.take
+
+    def recorded(count):
+        batch = take(count)
+        prompts.append([e.question for e in batch])
+        return batch
+
+    trainer.sampler.take = recorded
     warmup, *rows = [trainer.train_step() for _ in range(steps + 1)]
     return {"warmup_s": [warmup["time/step_s"]], "step_s": [r["time/step_s"] for r in rows],
             "generate_s": [r["time/generate_s"] + r["time/score_s"] for r in rows],
             "train_s": [r["time/train_s"] + r["time/reference_s"] for r in rows],
             "tokens": [r["length/mean"] * PROMPTS * GROUP for r in rows],
-            "zero_variance": [r["batch/zero_variance_frac"] for r in rows]}
+            "zero_variance": [r["batch/zero_variance_frac"] for r in rows], "prompts": prompts}
 
 
-def run_trl(steps: int, precision: str) -> dict:
+def run_trl(steps: int, seed: int, precision: str) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -86,7 +111,7 @@ def run_trl(steps: int, precision: str) -> dict:
     from postrl.models.loading import smollm2_dir
     from postrl.rewards import math_answer
 
-    rows = examples()
+    rows = prompt_order(steps + 1, seed)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}],
                                   "answer": r["answer"]} for r in rows])
     path = str(smollm2_dir())
@@ -97,12 +122,13 @@ def run_trl(steps: int, precision: str) -> dict:
         num_generations=GROUP, gradient_accumulation_steps=1, max_completion_length=MAX_NEW,
         learning_rate=LR, beta=0.0, loss_type="dr_grpo", scale_rewards="none", temperature=1.0,
         use_cpu=True, bf16=precision == "bf16", gradient_checkpointing=False,
-        max_steps=steps + 1, logging_steps=1, report_to=[], save_strategy="no", seed=0,
-        dataloader_num_workers=0, disable_tqdm=True)
+        max_steps=steps + 1, logging_steps=1, report_to=[], save_strategy="no", seed=seed,
+        dataloader_num_workers=0, disable_tqdm=True, shuffle_dataset=False)
     trainer = GRPOTrainer(model=model, reward_funcs=[math_answer], args=args,
                           train_dataset=dataset, processing_class=tokenizer)
     phases = {"generate": [], "loss_forward": [], "step": []}
     zero_variance = []  # TRL's frac_reward_zero_std, logged each step
+    prompts = []  # the questions of each step's generation round
 
     def timed(name, function):
         def wrapper(*a, **k):
@@ -126,33 +152,40 @@ def run_trl(steps: int, precision: str) -> dict:
             if logs and "frac_reward_zero_std" in logs:
                 zero_variance.append(logs["frac_reward_zero_std"])
 
-    trainer._generate_and_score_completions = timed(
-        "generate", trainer._generate_and_score_completions)
+    generate = timed("generate", trainer._generate_and_score_completions)
+
+    def recorded(inputs):  # G rows per prompt, adjacent
+        prompts.append([row["prompt"][-1]["content"] for row in inputs[::GROUP]])
+        return generate(inputs)
+
+    trainer._generate_and_score_completions = recorded
     trainer.compute_loss = timed("loss_forward", trainer.compute_loss)
     trainer.add_callback(Clock())
     trainer.train()
     steps_s = phases["step"][1:]
     return {"step_s": steps_s, "generate_s": phases["generate"][1:],
             "train_s": [s - g for s, g in zip(steps_s, phases["generate"][1:], strict=True)],
-            "loss_forward_s": phases["loss_forward"][1:], "zero_variance": zero_variance[1:]}
+            "loss_forward_s": phases["loss_forward"][1:], "zero_variance": zero_variance[1:],
+            "prompts": prompts}
 
 
-def child(framework: str, steps: int, precision: str, micro_batch_size: int,
+def child(framework: str, steps: int, seed: int, precision: str, micro_batch_size: int,
           compile_layers: bool) -> None:
     import torch
 
-    torch.manual_seed(0)
-    result = (run_postrl(steps, precision, micro_batch_size, compile_layers)
+    torch.manual_seed(seed)
+    result = (run_postrl(steps, seed, precision, micro_batch_size, compile_layers)
               if framework == "postrl"
-              else run_trl(steps, precision))
+              else run_trl(steps, seed, precision))
     result["peak_rss_mb"] = peak_rss_mb()
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def spawn(framework: str, steps: int, precision: str, micro_batch_size: int,
+def spawn(framework: str, steps: int, seed: int, precision: str, micro_batch_size: int,
           compile_layers: bool) -> dict:
     """One child run; ``precision`` is the framework's own (postrl: fp32, bf16, bf16-master)."""
     out = subprocess.run([sys.executable, __file__, "--child", framework, "--steps", str(steps),
+                          "--seed", str(seed),
                           "--micro-batch-size", str(micro_batch_size),
                           "--precisions", precision,
                           *(["--postrl-compile"] if compile_layers else [])],
@@ -171,6 +204,17 @@ def summary(results: list[dict]) -> dict:
     out["zero_variance"] = statistics.mean(zero_variance) if zero_variance else float("nan")
     out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
     return out
+
+
+def check_same_prompts(ours: dict, theirs: dict, round_index: int) -> None:
+    """postrl and TRL trained on the same prompts at every step of a round."""
+    mine, other = ours["prompts"], theirs["prompts"]
+    if mine != other:
+        step = next((i for i in range(min(len(mine), len(other))) if mine[i] != other[i]),
+                    min(len(mine), len(other)))
+        raise SystemExit(f"round {round_index + 1}: TRL trained on other prompts than postrl at "
+                         f"step {step}: {other[step:step + 1]} against {mine[step:step + 1]}; "
+                         "the comparison would not be fair")
 
 
 def own(framework: str, setting: str, postrl_bf16: str) -> str:
@@ -192,9 +236,11 @@ def main() -> None:
     parser.add_argument("--postrl-compile", action="store_true",
                         help="postrl with torch_compile=true (compiled in its untimed first step)")
     parser.add_argument("--child", choices=("postrl", "trl"))
+    parser.add_argument("--seed", type=int, default=0,
+                        help="a child's seed: its prompts' order and its sampling (round r: r)")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.steps, args.precisions, args.micro_batch_size,
+        child(args.child, args.steps, args.seed, args.precisions, args.micro_batch_size,
               args.postrl_compile)
         return
     if args.precisions is None:
@@ -208,10 +254,13 @@ def main() -> None:
         for round_index in range(args.rounds):
             order = ("postrl", "trl") if round_index % 2 == 0 else ("trl", "postrl")
             for framework in order:
-                runs[framework].append(spawn(framework, args.steps,
+                # a round's seed: each round trains on other prompts and samples, the same
+                # for both frameworks
+                runs[framework].append(spawn(framework, args.steps, round_index,
                                              own(framework, precision, args.postrl_bf16),
                                              args.micro_batch_size, args.postrl_compile))
                 print(f"  {precision} round {round_index + 1}: {framework} done", flush=True)
+            check_same_prompts(runs["postrl"][-1], runs["trl"][-1], round_index)
         table[precision] = {f: summary(r) for f, r in runs.items()}
     print(f"\n{'setting':<19}{'step s':>9}{'generate s':>12}{'train s':>9}{'peak RSS MB':>13}"
           f"{'zero-var groups':>17}")

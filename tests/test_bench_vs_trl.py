@@ -1,0 +1,56 @@
+"""bench/vs_trl.py gives TRL the prompts postrl's trainer really takes, and refuses a round in
+which the two trained on other prompts (TRL itself is not installed here: the bench's venv)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from postrl.train.trainer import Trainer
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "vs_trl.py"
+
+
+@pytest.fixture(scope="module")
+def vs_trl():
+    spec = importlib.util.spec_from_file_location("vs_trl", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_prompt_order_is_what_postrls_trainer_takes(vs_trl, tmp_path, seed):
+    steps = 3
+    cfg = vs_trl.postrl_config(steps, seed)
+    cfg.model, cfg.max_new_tokens, cfg.out = "tiny", 4, str(tmp_path / "run")
+    trainer = Trainer(cfg)
+    taken = []
+    take = trainer.sampler.take
+
+    def recorded(count):
+        batch = take(count)
+        taken.extend(e.question for e in batch)
+        return batch
+
+    trainer.sampler.take = recorded
+    for _ in range(steps):
+        trainer.train_step()
+    order = [row["question"] for row in vs_trl.prompt_order(steps, seed)]
+    assert taken == order
+    assert len(order) == steps * vs_trl.PROMPTS
+
+
+def test_rounds_train_on_other_prompts(vs_trl):
+    first, second = (vs_trl.prompt_order(3, seed) for seed in (0, 1))
+    assert first != second
+
+
+def test_a_round_with_other_prompts_is_refused(vs_trl):
+    ours = {"prompts": [["a", "b"], ["c", "d"], ["e", "f"]]}
+    vs_trl.check_same_prompts(ours, {"prompts": [list(p) for p in ours["prompts"]]}, 0)
+    theirs = {"prompts": [["a", "b"], ["c", "x"], ["e", "f"]]}
+    with pytest.raises(SystemExit, match=r"round 2: .* at step 1: \[\['c', 'x'\]\]"):
+        vs_trl.check_same_prompts(ours, theirs, 1)
+    with pytest.raises(SystemExit, match="round 1: .* at step 2"):
+        vs_trl.check_same_prompts(ours, {"prompts": ours["prompts"][:2]}, 0)
