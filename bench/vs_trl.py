@@ -26,10 +26,12 @@ and each round's prompts are checked to be the same on both sides. Round ``r`` r
 seed ``r`` (prompt order and sampling), so that the rounds average over the data as well as
 over the machine's drift: with one seed, every round would sample the same completions.
 
-The table's last column is each framework's mean share of groups whose rewards were all equal
-in its timed steps (TRL's ``frac_reward_zero_std``): postrl runs such groups forward only
-(their gradient is exactly zero; the diagnostics still count them), TRL runs them forward and
-backward, so its training phase does not depend on it and postrl's does.
+The table's last three columns are means over each framework's timed steps of what it sampled:
+the share of groups whose rewards were all equal (TRL's ``frac_reward_zero_std``), the tokens
+generated per step and the mean reward (TRL's own ``completions/mean_length`` × 32 and
+``reward``). postrl runs groups without variance forward only (their gradient is exactly zero;
+the diagnostics still count them), TRL runs them forward and backward, so its training phase
+does not depend on their share and postrl's does.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ def run_postrl(steps: int, seed: int, precision: str, micro_batch_size: int,
             "generate_s": [r["time/generate_s"] + r["time/score_s"] for r in rows],
             "train_s": [r["time/train_s"] + r["time/reference_s"] for r in rows],
             "tokens": [r["length/mean"] * PROMPTS * GROUP for r in rows],
-            "zero_variance": [r["batch/zero_variance_frac"] for r in rows], "prompts": prompts}
+            "zero_variance": [r["batch/zero_variance_frac"] for r in rows],
+            "reward": [r["reward/mean"] for r in rows], "prompts": prompts}
 
 
 def run_trl(steps: int, seed: int, precision: str) -> dict:
@@ -127,7 +130,8 @@ def run_trl(steps: int, seed: int, precision: str) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=[math_answer], args=args,
                           train_dataset=dataset, processing_class=tokenizer)
     phases = {"generate": [], "loss_forward": [], "step": []}
-    zero_variance = []  # TRL's frac_reward_zero_std, logged each step
+    # TRL's own per-step logs: frac_reward_zero_std, mean reward, mean completion length
+    logged = {"frac_reward_zero_std": [], "reward": [], "completions/mean_length": []}
     prompts = []  # the questions of each step's generation round
 
     def timed(name, function):
@@ -149,8 +153,9 @@ def run_trl(steps: int, seed: int, precision: str) -> dict:
             phases["step"][-1] = time.perf_counter() - self.start
 
         def on_log(self, args, state, control, logs=None, **k):
-            if logs and "frac_reward_zero_std" in logs:
-                zero_variance.append(logs["frac_reward_zero_std"])
+            for key, values in logged.items():
+                if logs and key in logs:
+                    values.append(logs[key])
 
     generate = timed("generate", trainer._generate_and_score_completions)
 
@@ -165,7 +170,9 @@ def run_trl(steps: int, seed: int, precision: str) -> dict:
     steps_s = phases["step"][1:]
     return {"step_s": steps_s, "generate_s": phases["generate"][1:],
             "train_s": [s - g for s, g in zip(steps_s, phases["generate"][1:], strict=True)],
-            "loss_forward_s": phases["loss_forward"][1:], "zero_variance": zero_variance[1:],
+            "loss_forward_s": phases["loss_forward"][1:],
+            "zero_variance": logged["frac_reward_zero_std"][1:], "reward": logged["reward"][1:],
+            "tokens": [n * PROMPTS * GROUP for n in logged["completions/mean_length"][1:]],
             "prompts": prompts}
 
 
@@ -200,8 +207,9 @@ def summary(results: list[dict]) -> dict:
     merged = {k: [v for r in results for v in r.get(k, [])]
               for k in ("step_s", "generate_s", "train_s", "loss_forward_s", "warmup_s")}
     out = {k: statistics.median(v) for k, v in merged.items() if v}
-    zero_variance = [v for r in results for v in r.get("zero_variance", [])]
-    out["zero_variance"] = statistics.mean(zero_variance) if zero_variance else float("nan")
+    for key in ("zero_variance", "reward", "tokens"):  # what each side sampled: means
+        values = [v for r in results for v in r.get(key, [])]
+        out[key] = statistics.mean(values) if values else float("nan")
     out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
     return out
 
@@ -254,8 +262,8 @@ def main() -> None:
         for round_index in range(args.rounds):
             order = ("postrl", "trl") if round_index % 2 == 0 else ("trl", "postrl")
             for framework in order:
-                # a round's seed: each round trains on other prompts and samples, the same
-                # for both frameworks
+                # round r runs seed r: other prompts and samples in each round, the same
+                # prompts for both frameworks
                 runs[framework].append(spawn(framework, args.steps, round_index,
                                              own(framework, precision, args.postrl_bf16),
                                              args.micro_batch_size, args.postrl_compile))
@@ -263,12 +271,13 @@ def main() -> None:
             check_same_prompts(runs["postrl"][-1], runs["trl"][-1], round_index)
         table[precision] = {f: summary(r) for f, r in runs.items()}
     print(f"\n{'setting':<19}{'step s':>9}{'generate s':>12}{'train s':>9}{'peak RSS MB':>13}"
-          f"{'zero-var groups':>17}")
+          f"{'zero-var groups':>17}{'tokens/step':>13}{'reward':>8}")
     for precision, frameworks in table.items():
         for framework, s in frameworks.items():
             setting = f"{framework} {own(framework, precision, args.postrl_bf16)}"
             print(f"{setting:<19}{s['step_s']:>9.2f}{s['generate_s']:>12.2f}"
-                  f"{s['train_s']:>9.2f}{s['peak_rss_mb']:>13.0f}{s['zero_variance']:>17.2f}")
+                  f"{s['train_s']:>9.2f}{s['peak_rss_mb']:>13.0f}{s['zero_variance']:>17.2f}"
+                  f"{s['tokens']:>13.0f}{s['reward']:>8.3f}")
     for precision, f in table.items():
         print(f"postrl {own('postrl', precision, args.postrl_bf16)} first (untimed) step: "
               f"{f['postrl']['warmup_s']:.1f} s")
