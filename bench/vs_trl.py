@@ -60,7 +60,7 @@ def prompt_order(steps: int, seed: int) -> list[dict]:
     from postrl.tasks import load_task
     from postrl.train.sampling import PromptSampler
 
-    sampler = PromptSampler(load_task("arithmetic").train(), postrl_config(steps, seed).seed)
+    sampler = PromptSampler(load_task("arithmetic").train(), seed)  # as the trainer seeds it
     return [{"question": e.question, "answer": e.columns["answer"]}
             for e in sampler.take(PROMPTS * steps)]
 
@@ -82,13 +82,9 @@ def postrl_config(steps: int, seed: int, precision: str = "fp32", micro_batch_si
         f"torch_compile={str(compile_layers).lower()}"])
 
 
-def run_postrl(steps: int, seed: int, precision: str, micro_batch_size: int,
-               compile_layers: bool) -> dict:
-    from postrl.train.trainer import Trainer
-
-    trainer = Trainer(postrl_config(steps + 1, seed, precision, micro_batch_size,
-                                    compile_layers))
-    prompts = []  # the questions of each step, as its sampler hands them out
+def record_prompts(trainer) -> list[list[str]]:
+    """The questions ``trainer``'s sampler hands out from now on, one list per call (a step)."""
+    prompts = []
     take = trainer.sampler.take
 
     def recorded(count):
@@ -97,6 +93,16 @@ def run_postrl(steps: int, seed: int, precision: str, micro_batch_size: int,
         return batch
 
     trainer.sampler.take = recorded
+    return prompts
+
+
+def run_postrl(steps: int, seed: int, precision: str, micro_batch_size: int,
+               compile_layers: bool) -> dict:
+    from postrl.train.trainer import Trainer
+
+    trainer = Trainer(postrl_config(steps + 1, seed, precision, micro_batch_size,
+                                    compile_layers))
+    prompts = record_prompts(trainer)
     warmup, *rows = [trainer.train_step() for _ in range(steps + 1)]
     return {"warmup_s": [warmup["time/step_s"]], "step_s": [r["time/step_s"] for r in rows],
             "generate_s": [r["time/generate_s"] + r["time/score_s"] for r in rows],

@@ -25,19 +25,12 @@ def test_prompt_order_is_what_postrls_trainer_takes(vs_trl, tmp_path, seed):
     cfg = vs_trl.postrl_config(steps, seed)
     cfg.model, cfg.max_new_tokens, cfg.out = "tiny", 4, str(tmp_path / "run")
     trainer = Trainer(cfg)
-    taken = []
-    take = trainer.sampler.take
-
-    def recorded(count):
-        batch = take(count)
-        taken.extend(e.question for e in batch)
-        return batch
-
-    trainer.sampler.take = recorded
+    taken = vs_trl.record_prompts(trainer)
     for _ in range(steps):
         trainer.train_step()
     order = [row["question"] for row in vs_trl.prompt_order(steps, seed)]
-    assert taken == order
+    assert len(taken) == steps
+    assert [q for step in taken for q in step] == order
     assert len(order) == steps * vs_trl.PROMPTS
 
 
