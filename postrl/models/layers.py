@@ -104,6 +104,32 @@ def body(model, input_ids: Tensor, position_ids: Tensor, bias: Tensor,
     return inner.norm(hidden), KeysValues(keys, values)
 
 
+def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, prompt_bias: Tensor,
+                      input_ids: Tensor, position_ids: Tensor, bias: Tensor, prompt_of_row: Tensor,
+                      compiled: bool = False) -> tuple[Tensor, Tensor]:
+    """``(prompt hidden [n, P, H], hidden [B, L, H])``, both after the final norm: what
+    :func:`body` gives over the prompts, and then over ``input_ids`` after the prompts' keys
+    and values (row ``b`` continues prompt ``prompt_of_row[b]``; ``bias [B, 1, L, P + L]``).
+
+    Each layer multiplies the prompts' tokens and the rows' tokens by its weights in one
+    matmul, not two: a micro-batch's prompts are a few dozen tokens, where a matmul of their
+    own runs far below the rate of a larger one, forward and backward (docs/performance.md)."""
+    inner = model.model
+    layer_fn = _compiled_pair_layer() if compiled and torch.is_grad_enabled() else _pair_layer
+    prompt_hidden = inner.embed_tokens(prompt_ids)
+    hidden = inner.embed_tokens(input_ids)
+    prompt_angles = tuple(t[:, None] for t in inner.rotary_emb(prompt_hidden, prompt_positions))
+    angles = tuple(t[:, None] for t in inner.rotary_emb(hidden, position_ids))
+    shapes = (prompt_hidden.shape, hidden.shape)
+    flat = torch.cat([prompt_hidden.flatten(0, 1), hidden.flatten(0, 1)])
+    for layer in inner.layers:
+        flat = layer_fn(layer, flat, shapes, prompt_angles, angles, prompt_bias, bias,
+                        prompt_of_row)
+    flat = inner.norm(flat)
+    split = prompt_ids.numel()
+    return flat[:split].view(prompt_hidden.shape), flat[split:].view(hidden.shape)
+
+
 def causal_bias(attention_mask: Tensor, dtype: torch.dtype, queries: int | None = None
                 ) -> Tensor:
     """``[B, 1, Q, W]`` for the last ``queries`` (default all) of ``attention_mask``'s ``W``
@@ -141,6 +167,42 @@ def _layer(layer, hidden: Tensor, cos: Tensor, sin: Tensor, bias: Tensor,
     hidden = hidden + _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj),
                               mlp.down_proj)
     return hidden, key, value
+
+
+@functools.cache
+def _compiled_pair_layer():
+    return torch.compile(_pair_layer, dynamic=True)
+
+
+def _pair_layer(layer, flat: Tensor, shapes, prompt_angles, angles, prompt_bias: Tensor,
+                bias: Tensor, prompt_of_row: Tensor) -> Tensor:
+    """:func:`_layer` over the prompts' tokens and the rows' tokens, concatenated in ``flat``
+    (``[n * P + B * L, H]``, shapes ``[n, P, H]`` and ``[B, L, H]``): every linear runs once
+    over both; attention runs within the prompts, then for each row over its prompt's keys
+    and values and its own."""
+    attn, dim = layer.self_attn, layer.self_attn.head_dim
+    (prompts, length, _), (rows, width, _) = shapes
+    split = prompts * length
+
+    def heads(t: Tensor) -> tuple[Tensor, Tensor]:  # [n, h, P, d] and [B, h, L, d]
+        return (t[:split].view(prompts, length, -1, dim).transpose(1, 2),
+                t[split:].view(rows, width, -1, dim).transpose(1, 2))
+
+    x = _rms_norm(flat, layer.input_layernorm)
+    (prompt_query, query), (prompt_key, key), (prompt_value, value) = (
+        heads(_linear(x, m)) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+    prompt_query, prompt_key = (rotate(t, *prompt_angles) for t in (prompt_query, prompt_key))
+    query, key = (rotate(t, *angles) for t in (query, key))
+    prompt_out = _attend(prompt_query * attn.scaling, prompt_key, prompt_value, prompt_bias)
+    keys = torch.cat([prompt_key.index_select(0, prompt_of_row), key], dim=2)
+    values = torch.cat([prompt_value.index_select(0, prompt_of_row), value], dim=2)
+    out = _attend(query * attn.scaling, keys, values, bias)
+    out = torch.cat([prompt_out.flatten(0, 1), out.flatten(0, 1)])
+    flat = flat + _linear(out, attn.o_proj)
+    mlp = layer.mlp
+    x = _rms_norm(flat, layer.post_attention_layernorm)
+    return flat + _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj),
+                          mlp.down_proj)
 
 
 def _linear(x: Tensor, module: nn.Linear) -> Tensor:

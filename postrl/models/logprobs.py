@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from postrl.models import layers
-from postrl.models.packing import attention_bias, pack_responses
+from postrl.models.packing import Packing, attention_bias, pack_responses
 from postrl.models.vocab import logprob_and_entropy
 
 
@@ -95,8 +95,9 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
                     compile_layers: bool = False) -> Tensor:
     """``[N, T, H]``: the last hidden states that predict each response token (the one at
     column ``c`` predicts the token at ``c + 1``). Llama-style models run postrl's own layers
-    when prompts are shared; other models, and whole rows (``share_prompts`` off: FSDP2),
-    run transformers' forward."""
+    when prompts are shared (each distinct prompt once; with packed responses, the prompts'
+    and the responses' tokens go through each layer's linears together); other models, and
+    whole rows (``share_prompts`` off: FSDP2), run transformers' forward."""
     width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
     own = share_prompts and layers.unsupported_reason(model) is None
     body = _OwnLayers(model, compile_layers) if own else _Transformers(model)
@@ -106,19 +107,26 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
         hidden, _ = body.forward(batch.input_ids, batch.position_ids, batch.attention_mask)
         return hidden[:, width - 1 : width - 1 + response_width]
     # each distinct prompt once (equal ids and masks: equal positions too)
-    prompt_mask = batch.attention_mask[prompts, :width]
-    prompt, past = body.forward(batch.input_ids[prompts, :width],
-                                batch.position_ids[prompts, :width], prompt_mask, keep=True)
-    if response_width == 1:
-        return prompt[rows, -1:]  # predicts the first response token
-    packing = pack_responses(batch.input_ids[:, width:], batch.attention_mask[:, width:],
-                             batch.position_ids[:, width:], rows)
+    prompt_ids, prompt_positions, prompt_mask = (
+        t[prompts, :width] for t in (batch.input_ids, batch.position_ids, batch.attention_mask))
+    packing = (pack_responses(batch.input_ids[:, width:], batch.attention_mask[:, width:],
+                              batch.position_ids[:, width:], rows)
+               if response_width > 1 else None)
     if packing is not None:
-        bias = attention_bias(packing, prompt_mask, prompt.dtype)  # the residual stream's
-        packed, _ = body.forward(packing.input_ids, packing.position_ids, bias,
-                                 body.select(past, packing.prompts))
+        if own:  # the prompts' and the responses' tokens through each linear together
+            bias = attention_bias(packing, prompt_mask, body.dtype)  # the residual stream's
+            prompt, packed = body.forward_with_prompts(prompt_ids, prompt_positions, prompt_mask,
+                                                       packing, bias)
+        else:
+            prompt, past = body.forward(prompt_ids, prompt_positions, prompt_mask, keep=True)
+            bias = attention_bias(packing, prompt_mask, prompt.dtype)
+            packed, _ = body.forward(packing.input_ids, packing.position_ids, bias,
+                                     body.select(past, packing.prompts))
         hidden = torch.cat([prompt[:, -1], packed.flatten(0, 1)]).index_select(0, packing.source)
         return hidden.view(*batch.input_ids[:, width:].shape, -1)
+    prompt, past = body.forward(prompt_ids, prompt_positions, prompt_mask, keep=True)
+    if response_width == 1:
+        return prompt[rows, -1:]  # predicts the first response token
     # each row gets its prompt's keys and values (a differentiable index_select: their
     # gradients add up over the rows of the prompt)
     responses, _ = body.forward(batch.input_ids[:, width:-1], batch.position_ids[:, width:-1],
@@ -142,6 +150,15 @@ class _OwnLayers:
         if mask.dim() == 2:
             mask = layers.causal_bias(mask, self.dtype, queries=input_ids.shape[1])
         return layers.body(self.model, input_ids, position_ids, mask, past, self.compiled)
+
+    def forward_with_prompts(self, prompt_ids: Tensor, prompt_positions: Tensor,
+                             prompt_mask: Tensor, packing: Packing, bias: Tensor):
+        """``(prompt hidden states, packed rows' hidden states)``: the two forwards of
+        :meth:`forward` (the prompts, then the packed rows after them) in one pass."""
+        prompt_bias = layers.causal_bias(prompt_mask, self.dtype)
+        return layers.body_with_prompts(self.model, prompt_ids, prompt_positions, prompt_bias,
+                                        packing.input_ids, packing.position_ids, bias,
+                                        packing.prompts, self.compiled)
 
     @staticmethod
     def select(past: layers.KeysValues, rows: Tensor) -> layers.KeysValues:

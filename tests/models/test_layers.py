@@ -73,15 +73,18 @@ def test_models_the_own_layers_do_not_cover_keep_transformers_forward(tiny):
     assert logp.shape == (6, 5) and torch.isfinite(logp).all()
 
 
-def counting_compiled_layer(monkeypatch) -> list[int]:
-    """Patches in a counter of the calls to the compiled layer; returns it."""
-    compiled, calls = layers._compiled_layer(), []
+def counting_compiled_layer(monkeypatch) -> list[str]:
+    """Patches in a counter of the calls to the compiled layers (a plain layer, or a layer over
+    prompts and packed rows together); returns it."""
+    calls = []
+    for name in ("_compiled_layer", "_compiled_pair_layer"):
+        compiled = getattr(layers, name)()
 
-    def counting(*args):
-        calls.append(1)
-        return compiled(*args)
+        def counting(*args, compiled=compiled, name=name):
+            calls.append(name)
+            return compiled(*args)
 
-    monkeypatch.setattr(layers, "_compiled_layer", lambda: counting)
+        monkeypatch.setattr(layers, name, lambda counting=counting: counting)
     return calls
 
 
@@ -92,7 +95,8 @@ def test_compiled_layers_give_transformers_logprobs_and_gradients(tiny, monkeypa
     calls = counting_compiled_layer(monkeypatch)
     batch = shared_batch(tokenizer)
     ours = scored(model, batch, monkeypatch, own_layers=True, compile_layers=True)
-    assert len(calls) == 2 * len(model.model.layers)  # the prompts, then the packed responses
+    # the prompts and the packed responses together, one call per layer
+    assert calls == ["_compiled_pair_layer"] * len(model.model.layers)
     theirs = scored(model, batch, monkeypatch, own_layers=False)
     torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=0)
     for name, grad in ours[2].items():

@@ -224,16 +224,25 @@ def assert_grads_close(actual, expected, name: str) -> None:
 
 def count_body_calls(monkeypatch, own_layers: bool, body) -> list:
     """The input ids' shape of every forward through the decoder ``body`` from now on: through
-    postrl's layers (``layers.body``), or, with them switched off, transformers' own."""
+    postrl's layers (``layers.body``; ``layers.body_with_prompts`` runs the prompts and the
+    packed rows in one pass and counts as both, in that order), or, with them switched off,
+    transformers' own."""
     calls = []
     if own_layers:
-        own = layers.body
+        own, own_with_prompts = layers.body, layers.body_with_prompts
 
         def counting_layers(model, input_ids, *args, **kwargs):
             calls.append(input_ids.shape)
             return own(model, input_ids, *args, **kwargs)
 
+        def counting_with_prompts(model, prompt_ids, prompt_positions, prompt_bias, input_ids,
+                                  *args, **kwargs):
+            calls.extend([prompt_ids.shape, input_ids.shape])
+            return own_with_prompts(model, prompt_ids, prompt_positions, prompt_bias, input_ids,
+                                    *args, **kwargs)
+
         monkeypatch.setattr(layers, "body", counting_layers)
+        monkeypatch.setattr(layers, "body_with_prompts", counting_with_prompts)
         return calls
     monkeypatch.setattr(layers, "unsupported_reason", lambda model: "switched off")
     forward = body.forward
