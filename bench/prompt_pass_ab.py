@@ -20,16 +20,13 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 import postrl.models.logprobs as lp
 
 ONE_PASS = lp._OwnLayers.forward_with_prompts
-REWARDS = Path(__file__).resolve().parents[1] / "tests" / "train" / "rewards_for_tests.py"
 
 
 def two_passes(self, prompt_ids, prompt_positions, prompt_mask, packing, bias):
@@ -81,17 +78,13 @@ def layers(model_spec: str, rows: int, reps: int) -> None:
 
 
 def recipes(steps: int) -> None:
-    from postrl.config import load_config
-    from postrl.recipes import PRESETS
+    from recipe_steps import recipe_config, recipe_names  # bench/, this script's directory
+
     from postrl.train.trainer import Trainer
 
     print(f"{'recipe':<24}{'two passes s':>14}{'one pass s':>12}{'ratio':>7}")
-    for name, recipe in PRESETS.items():
-        extra = ["recipe_options.overlong_buffer=8"] if recipe.overlong_penalty else []
-        trainer = Trainer(load_config(None, [
-            f"recipe={name}", "model=tiny", "task=arithmetic", f"steps={steps}",
-            "prompts_per_step=4", "group_size=8", "max_new_tokens=32", "quiet=true",
-            f"out={tempfile.mkdtemp()}/run", f"rewards=[{REWARDS}:length_parity]", *extra]))
+    for name in recipe_names():
+        trainer = Trainer(recipe_config(name, steps))
         prepare, update = trainer._prepare, trainer._update
         times: dict[bool, list[float]] = {True: [], False: []}
 

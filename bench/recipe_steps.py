@@ -37,18 +37,24 @@ def recipe_names() -> list[str]:
     return list(PRESETS)
 
 
-def time_recipe(name: str, steps: int) -> dict[str, float]:
-    """Medians of ``time/step_s`` and ``time/train_s`` over ``steps`` steps but the first."""
+def recipe_config(name: str, steps: int):
+    """Recipe ``name`` on the tiny model: 4 prompts x 8 samples, 32 new tokens, a reward on
+    the responses' length, in a fresh temporary directory."""
     from postrl.config import load_config
     from postrl.recipes import PRESETS
-    from postrl.train.trainer import Trainer
 
     extra = ["recipe_options.overlong_buffer=8"] if PRESETS[name].overlong_penalty else []
-    cfg = load_config(None, [
+    return load_config(None, [
         f"recipe={name}", "model=tiny", "task=arithmetic", f"steps={steps}",
         "prompts_per_step=4", "group_size=8", "max_new_tokens=32", "quiet=true",
         f"out={tempfile.mkdtemp()}/run", f"rewards=[{REWARDS}:length_parity]", *extra])
-    trainer = Trainer(cfg)
+
+
+def time_recipe(name: str, steps: int) -> dict[str, float]:
+    """Medians of ``time/step_s`` and ``time/train_s`` over ``steps`` steps but the first."""
+    from postrl.train.trainer import Trainer
+
+    trainer = Trainer(recipe_config(name, steps))
     metrics = [trainer.train_step() for _ in range(steps)][1:]
     return {key: statistics.median(m[f"time/{key}_s"] for m in metrics)
             for key in ("step", "train")}

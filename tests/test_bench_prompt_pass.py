@@ -2,23 +2,17 @@
 two passes it replaced; both must compute the same log-probs and gradients, or the A/B would
 time two different things."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 import postrl.models.logprobs as lp
+from tests.bench_scripts import load_bench_script
 from tests.models.test_layers import shared_batch
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "prompt_pass_ab.py"
 
 
 @pytest.fixture(scope="module")
 def prompt_pass_ab():
-    spec = importlib.util.spec_from_file_location("prompt_pass_ab", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_bench_script("prompt_pass_ab")
     yield module
     module.use(True)
 

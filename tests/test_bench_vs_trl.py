@@ -1,22 +1,15 @@
 """bench/vs_trl.py gives TRL the prompts postrl's trainer really takes, and refuses a round in
 which the two trained on other prompts (TRL itself is not installed here: the bench's venv)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from postrl.train.trainer import Trainer
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "vs_trl.py"
+from tests.bench_scripts import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def vs_trl():
-    spec = importlib.util.spec_from_file_location("vs_trl", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("vs_trl")
 
 
 @pytest.mark.parametrize("seed", [0, 1])
