@@ -165,12 +165,7 @@ def _layer(layer, hidden: Tensor, cos: Tensor, sin: Tensor, bias: Tensor,
     keys = key if past_key is None else torch.cat([past_key, key], dim=2)
     values = value if past_value is None else torch.cat([past_value, value], dim=2)
     out = _attend(query * attn.scaling, keys, values, bias)
-    hidden = hidden + _linear(out, attn.o_proj)
-    mlp = layer.mlp
-    x = _rms_norm(hidden, layer.post_attention_layernorm)
-    hidden = hidden + _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj),
-                              mlp.down_proj)
-    return hidden, key, value
+    return _mlp_block(layer, hidden + _linear(out, attn.o_proj)), key, value
 
 
 @functools.cache
@@ -202,11 +197,15 @@ def _pair_layer(layer, flat: Tensor, shapes, prompt_angles, angles, prompt_bias:
     values = torch.cat([prompt_value.index_select(0, prompt_of_row), value], dim=2)
     out = _attend(query * attn.scaling, keys, values, bias)
     out = torch.cat([prompt_out.flatten(0, 1), out.flatten(0, 1)])
-    flat = flat + _linear(out, attn.o_proj)
+    return _mlp_block(layer, flat + _linear(out, attn.o_proj))
+
+
+def _mlp_block(layer, hidden: Tensor) -> Tensor:
+    """The layer's second half: ``hidden`` plus its SwiGLU MLP of the normed ``hidden``."""
     mlp = layer.mlp
-    x = _rms_norm(flat, layer.post_attention_layernorm)
-    return flat + _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj),
-                          mlp.down_proj)
+    x = _rms_norm(hidden, layer.post_attention_layernorm)
+    return hidden + _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj),
+                            mlp.down_proj)
 
 
 def _linear(x: Tensor, module: nn.Linear) -> Tensor:
