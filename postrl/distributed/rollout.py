@@ -47,6 +47,8 @@ def cat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         finish_reasons=[r for p in parts for r in p.finish_reasons],
         texts=[t for p in parts for t in p.texts],
         group_size=parts[0].group_size,
+        entropies=(None if any(p.entropies is None for p in parts)
+                   else cat_right_padded([p.entropies for p in parts], 0.0)),
     )
 
 

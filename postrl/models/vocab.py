@@ -44,8 +44,8 @@ class _LogProbEntropy(torch.autograd.Function):
         total = probs.sum(dim=-1, keepdim=True)
         probs.div_(total)
         lse = (top + total.log()).squeeze(-1)
-        entropy = (lse - torch.bmm(probs.unsqueeze(1), z.unsqueeze(2)).view(-1)
-                   if with_entropy else None)
+        # vecdot, not bmm: on the CPU bmm's float32 sum over the vocabulary is ~20x less exact
+        entropy = lse - torch.linalg.vecdot(probs, z) if with_entropy else None
         logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
         ctx.temperature, ctx.dtype = temperature, logits.dtype
         ctx.entropy_grad = entropy_grad

@@ -46,8 +46,9 @@ class SamplingParams:
 class Rollouts:
     """``N = P*G`` sampled responses, the G samples of each prompt adjacent.
 
-    ``response_ids``, ``response_mask`` (bool) and ``logprobs`` are right-padded ``[N, T]``;
-    the mask covers every generated token, the final EOS or stop token included.
+    ``response_ids``, ``response_mask`` (bool), ``logprobs`` and ``entropies`` are
+    right-padded ``[N, T]``; the mask covers every generated token, the final EOS or stop
+    token included. ``entropies`` is None where the backend does not report them (vLLM).
     """
 
     prompt_ids: list[list[int]]  # one entry per response (prompts repeated G times)
@@ -58,6 +59,7 @@ class Rollouts:
     finish_reasons: list[str]
     texts: list[str]  # decoded responses, special tokens removed
     group_size: int
+    entropies: Tensor | None = None  # the sampling policy's entropy at each position; 0 off-mask
 
     @property
     def num_tokens(self) -> int:
@@ -92,4 +94,5 @@ def select_rows(rollouts: Rollouts, start: int, stop: int) -> Rollouts:
         finish_reasons=rollouts.finish_reasons[start:stop],
         texts=rollouts.texts[start:stop],
         group_size=stop - start,
+        entropies=None if rollouts.entropies is None else rollouts.entropies[start:stop, :width],
     )

@@ -58,13 +58,15 @@ class HFRolloutEngine:
         parts = [self._generate_rows(model, prompts[i : i + chunk], group_size, params,
                                      generators[i * group_size : (i + chunk) * group_size])
                  for i in range(0, len(prompts), chunk)]
-        response_ids, mask, logprobs = (cat_right_padded([p[i] for p in parts], fill)
-                                        for i, fill in enumerate((self.pad_id, False, 0.0)))
-        reasons = [r for p in parts for r in p[3]]
+        response_ids, mask, logprobs, entropies = (
+            cat_right_padded([p[i] for p in parts], fill)
+            for i, fill in enumerate((self.pad_id, False, 0.0, 0.0)))
+        reasons = [r for p in parts for r in p[4]]
         lengths = mask.sum(dim=1)
         generated = [ids[:n].tolist() for ids, n in zip(response_ids, lengths, strict=True)]
         texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
-        return Rollouts(rows, response_ids, mask, logprobs, lengths, reasons, texts, group_size)
+        return Rollouts(rows, response_ids, mask, logprobs, lengths, reasons, texts, group_size,
+                        entropies)
 
     @torch.no_grad()
     def _sampling_model(self, rows: int):
@@ -125,16 +127,18 @@ class HFRolloutEngine:
         rows = len(next_position)
         tokens = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((rows, steps), device=device)
+        entropies = torch.zeros((rows, steps), device=device)
         valid = torch.zeros((rows, steps), dtype=torch.bool, device=device)
         reasons = ["length"] * rows
         running = torch.arange(rows, device=device)  # original row of each running row
         alive = torch.ones(rows, dtype=torch.bool, device=device)  # by running position
         for step in range(steps):
-            token, logprob = next_tokens(logits, params,
-                                         [generators[r] for r in running.tolist()])
+            token, logprob, entropy = next_tokens(logits, params,
+                                                  [generators[r] for r in running.tolist()])
             token = token.masked_fill(~alive, self.pad_id)
             tokens[running, step] = token
             logprobs[running, step] = logprob.masked_fill(~alive, 0.0)
+            entropies[running, step] = entropy.masked_fill(~alive, 0.0)
             valid[running, step] = alive  # a token is part of the response iff its row was alive
             ended = alive & torch.isin(token, eos_ids)
             for i in ended.nonzero().flatten().tolist():
@@ -154,7 +158,7 @@ class HFRolloutEngine:
             next_position = next_position + 1
         width = max(int(valid.sum(dim=1).max()), 1)
         return (tokens[:, :width].cpu(), valid[:, :width].cpu(), logprobs[:, :width].cpu(),
-                reasons)
+                entropies[:, :width].cpu(), reasons)
 
     def _apply_stop_strings(self, generated, alive, running, reasons, stop) -> None:
         """End (in place) every live row whose decoded text now contains a stop string."""

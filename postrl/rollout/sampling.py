@@ -1,4 +1,5 @@
-"""Choosing the next token: temperature, top-k, top-p, greedy; with its log-probability.
+"""Choosing the next token: temperature, top-k, top-p, greedy; with its log-probability and
+the policy's entropy at that position (both before truncation).
 
 Sampling is keyed per response: response ``j`` of prompt ``i`` draws its randomness from its
 own generator, seeded by ``(seed, i, j)`` alone (:func:`row_seed`). Which other prompts share
@@ -54,25 +55,39 @@ def uniforms(generators: list[torch.Generator]) -> Tensor:
     return torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])[:, None]
 
 
-def next_tokens(logits: Tensor, params: SamplingParams,
-                generators: list[torch.Generator] | None) -> tuple[Tensor, Tensor]:
-    """``(tokens [B], logprobs [B])``; log-probs of the temperature-scaled, untruncated policy.
+def next_tokens(logits: Tensor, params: SamplingParams, generators: list[torch.Generator] | None
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """``(tokens [B], logprobs [B], entropies [B])`` of the temperature-scaled, untruncated
+    policy (greedy: of the unscaled logits), as the trainer's forward computes them.
 
     ``generators`` holds one generator per row (unused when greedy).
     """
     logits = logits.float()
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)
-        return tokens, _picked_logprob(logits, tokens)
+        return (tokens, *_logprob_and_entropy(logits, tokens))
     scaled = logits / params.temperature
     truncated = truncate_logits(scaled, params.top_k, params.top_p)
-    cdf = torch.softmax(truncated, dim=-1).double().cumsum(dim=-1)
+    probs = torch.softmax(truncated, dim=-1)
+    cdf = probs.double().cumsum(dim=-1)
     # the first token whose cumulative mass exceeds u * total: token i with probability p_i
     draws = uniforms(generators).to(cdf.device)  # CPU generators: same draws on any device
     tokens = torch.searchsorted(cdf, draws * cdf[:, -1:], right=True)
     tokens = tokens.squeeze(-1).clamp_(max=logits.shape[-1] - 1)
-    return tokens, _picked_logprob(scaled, tokens)
+    untruncated = probs if truncated is scaled else None
+    return (tokens, *_logprob_and_entropy(scaled, tokens, untruncated))
 
 
-def _picked_logprob(logits: Tensor, tokens: Tensor) -> Tensor:
-    return logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+def _logprob_and_entropy(logits: Tensor, tokens: Tensor, probs: Tensor | None = None
+                         ) -> tuple[Tensor, Tensor]:
+    """``log p(token)`` and ``H = logsumexp(z) - sum p z`` (the training forward's formula,
+    ``postrl.models.vocab``); ``probs``, when given, is ``softmax(logits)`` already.
+
+    The log-sum-exp comes from the softmax itself: at the largest logit ``p = 1 / sum
+    exp(z - max)``, rounded once, so ``lse = max - log p`` there (a separate ``logsumexp``
+    would be the slowest pass over the vocabulary here)."""
+    probs = torch.softmax(logits, dim=-1) if probs is None else probs
+    top, where = logits.max(dim=-1, keepdim=True)
+    lse = (top - probs.gather(-1, where).log()).squeeze(-1)
+    entropy = lse - torch.linalg.vecdot(probs, logits)
+    return logits.gather(-1, tokens[:, None]).squeeze(-1) - lse, entropy

@@ -67,6 +67,7 @@ def test_sampling_is_keyed_by_prompt_index_not_by_worker(tiny):
         assert torch.equal(split.response_ids, whole.response_ids)
         assert torch.equal(split.response_mask, whole.response_mask)
         assert torch.allclose(split.logprobs, whole.logprobs, atol=1e-5)
+        assert torch.allclose(split.entropies, whole.entropies, atol=1e-5)
         assert split.finish_reasons == whole.finish_reasons
     # and the seed matters: another seed gives other samples
     assert engine.generate(prompts, 3, params, seed=12).texts != whole.texts

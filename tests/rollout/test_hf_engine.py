@@ -37,17 +37,27 @@ def test_shapes_masks_and_finish_reasons(engine):
     assert (out.logprobs[out.response_mask] < 0).all()
 
 
-def test_sampling_logprobs_match_a_teacher_forced_forward(engine):
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "transformers"])
+def test_sampling_logprobs_and_entropies_match_a_teacher_forced_forward(engine, lean):
+    """Both of the sampler's forwards record what the trainer's forward computes: the
+    log-prob of each sampled token and the entropy at its position, of the temperature-scaled
+    policy before top-k/top-p truncation."""
+    engine = HFRolloutEngine(engine.model, engine.tokenizer, lean=lean)
     ids = prompts(engine.tokenizer)
     for params in (SamplingParams(temperature=1.0, max_new_tokens=12),
-                   SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=12)):
+                   SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=12),
+                   SamplingParams(temperature=0.0, max_new_tokens=12)):
         out = engine.generate(ids, 4, params, seed=3)
         batch = SequenceBatch.build(out.prompt_ids, out.response_ids, out.response_mask,
                                     engine.pad_id)
         with torch.no_grad():
-            logp, _ = response_logprobs(engine.model, batch, params.temperature)
-        diff = (logp - out.logprobs)[out.response_mask].abs().max()
-        assert diff < 1e-4
+            logp, entropy = response_logprobs(engine.model, batch, params.temperature or 1.0,
+                                              with_entropy=True)
+        mask = out.response_mask
+        assert (logp - out.logprobs)[mask].abs().max() < 1e-4
+        assert (entropy - out.entropies)[mask].abs().max() < 1e-4
+        assert (out.entropies[~mask] == 0).all()
+        assert out.entropies[mask].min() > 1.0  # the random tiny model: near-uniform
 
 
 def test_same_seed_same_samples_other_seed_other_samples(engine):

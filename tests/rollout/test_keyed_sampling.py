@@ -28,12 +28,12 @@ def test_draws_follow_the_truncated_softmax():
     n = 20000
     logits = probs.log().expand(n, 4)
     generators = row_generators(seed=0, first_prompt=0, prompts=n, group_size=1)
-    tokens, logprobs = next_tokens(logits, SamplingParams(), generators)
+    tokens, logprobs, _ = next_tokens(logits, SamplingParams(), generators)
     freq = torch.bincount(tokens, minlength=4).float() / n
     assert (freq - probs).abs().max() < 0.015  # ~4 standard errors at n = 20000
     assert torch.allclose(logprobs, probs.log()[tokens], atol=1e-6)
     # top-k 2: the two most probable only, renormalised; log-probs stay untruncated
-    tokens, logprobs = next_tokens(logits, SamplingParams(top_k=2), generators)
+    tokens, logprobs, _ = next_tokens(logits, SamplingParams(top_k=2), generators)
     freq = torch.bincount(tokens, minlength=4).float() / n
     assert freq[2:].sum() == 0 and abs(freq[0] - 0.5 / 0.8) < 0.015
     assert torch.allclose(logprobs, probs.log()[tokens], atol=1e-6)
@@ -51,6 +51,7 @@ def assert_same(a, b):
     assert torch.equal(a.response_ids[:, :width], b.response_ids[:, :width])
     assert torch.equal(a.lengths, b.lengths) and a.finish_reasons == b.finish_reasons
     assert torch.allclose(a.logprobs[:, :width], b.logprobs[:, :width], atol=1e-5)
+    assert torch.allclose(a.entropies[:, :width], b.entropies[:, :width], atol=1e-5)
 
 
 def test_samples_do_not_depend_on_how_prompts_are_split(engine):

@@ -34,6 +34,7 @@ def assert_same_rollouts(a, b, logprob_tol):
     assert torch.equal(a.response_mask, b.response_mask)
     assert a.finish_reasons == b.finish_reasons
     assert (a.logprobs - b.logprobs).abs().max() < logprob_tol
+    assert (a.entropies - b.entropies).abs().max() < logprob_tol
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_new_tokens=40),
