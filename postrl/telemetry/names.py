@@ -50,7 +50,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("loss/entropy_bonus", "loss", "entropy_coef * entropy, when the bonus is on"),
     Metric("loss/value", "loss", "critic's clipped value loss (PPO)"),
     Metric("kl/mean", "nats", "token-mean KL estimate to the reference policy"),
-    Metric("entropy/mean", "nats", "token-mean entropy of the policy on the sampled tokens' positions"),
+    Metric("entropy/mean", "nats",
+           "token-mean entropy of the policy on the sampled tokens' positions, before "
+           "top-k/top-p; for rows without a gradient in a batch used once, as the sampler "
+           "computed it (the same policy; the update skips their forward)"),
     # ratios and clipping
     Metric("clip/low_frac", "fraction", "terms whose lower clip bound was active (A < 0)"),
     Metric("clip/high_frac", "fraction", "terms whose upper clip bound was active (A > 0)"),

@@ -35,6 +35,9 @@ class TrainBatch:
     old_values: Tensor | None = None  # PPO
     advantages: Tensor | None = None
     returns: Tensor | None = None
+    # the sampler's per-token entropies, when its backend reports them: the diagnostics of
+    # rows the update does not score (``postrl.train.update``)
+    sampler_entropy: Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -54,6 +57,7 @@ def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
         return cat_right_padded([getattr(g.rollouts, name) for g in groups], fill)
 
     truncated = torch.tensor([r == "length" for g in groups for r in g.rollouts.finish_reasons])
+    reported = all(g.rollouts.entropies is not None for g in groups)
     mask = cat("response_mask", False)
     if overlong_filter:
         mask = mask & ~truncated.unsqueeze(1)
@@ -66,6 +70,7 @@ def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
         lengths=torch.cat([g.rollouts.lengths for g in groups]),
         truncated=truncated,
         group_size=groups[0].rollouts.group_size,
+        sampler_entropy=cat("entropies", 0.0) if reported else None,
     )
 
 

@@ -44,7 +44,8 @@ class UpdateSettings:
     precision: str = "fp32"
     device: str = "cpu"  # where this replica's modules live; batches stay on the CPU
     share_prompts: bool = True  # rows of a prompt share its forward (not under FSDP2)
-    # rows whose loss has no gradient run forward only, for the diagnostics (one process)
+    # rows whose loss has no gradient run forward only, for the diagnostics, or not at all
+    # when the sampler's entropies stand in for that forward (one process)
     forward_only_zero_gradient: bool = True
 
 
@@ -252,7 +253,7 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
         models.critic_optimizer.zero_grad(set_to_none=True)
     finite = [True, True]  # policy, critic
     arrange = prompt_grouped if settings.share_prompts else length_sorted
-    trained, scored = _gradient_split(rows, batch, loss_cfg, models, settings, replica)
+    trained, scored, unscored = _gradient_split(rows, batch, loss_cfg, models, settings, replica)
     micros = replica_micro_batches(trained, replica.rank, replica.size,
                                    settings.micro_batch_size,
                                    order=lambda share: arrange(share, batch))
@@ -267,6 +268,9 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
                 micro_finite = _micro_step(models, batch, micro, weight * replica.size, recipe,
                                            loss_cfg, counts, settings, result, backward)
             finite = [a and b for a, b in zip(finite, micro_finite, strict=True)]
+    if len(unscored):
+        result.diagnostics = result.diagnostics.merge(
+            unscored_diagnostics(batch, unscored, loss_cfg, counts))
     policy_finite, critic_finite = replica.all_true(finite)
     if settings.train_policy:
         norm = torch.nn.utils.clip_grad_norm_(models.trained_parameters(),
@@ -292,20 +296,46 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
 
 def _gradient_split(rows: Tensor, batch: TrainBatch, loss_cfg: PolicyLossConfig,
                     models: Trainable, settings: UpdateSettings,
-                    replica: Replica) -> tuple[Tensor, Tensor]:
-    """``(trained, scored)``: the rows that run forward and backward, and those that run
-    forward only, for the diagnostics (:func:`zero_gradient_rows`; rows without a response
-    token, which add nothing to any diagnostic either, run not at all). When no row has a
-    gradient one still runs backward: its zero gradient is what the optimizer would have
-    seen (momentum and weight decay still step). One process only: data-parallel replicas
-    must all run the same backwards."""
+                    replica: Replica) -> tuple[Tensor, Tensor, Tensor]:
+    """``(trained, scored, unscored)``: the rows that run forward and backward, those that
+    run forward only, for the diagnostics (:func:`zero_gradient_rows`), and those that run
+    not at all, their diagnostics known without a forward (:func:`unscored_diagnostics`).
+    Rows without a response token add nothing to any diagnostic and are in none of the
+    three. When no row has a gradient one still runs backward: its zero gradient is what the
+    optimizer would have seen (momentum and weight decay still step). One process only:
+    data-parallel replicas must all run the same backwards."""
+    none = rows[:0]
     if not (settings.forward_only_zero_gradient and settings.train_policy and replica.size == 1):
-        return rows, rows[:0]
+        return rows, none, none
     zero = zero_gradient_rows(rows, batch, loss_cfg, models.critic)
     if zero.all():
         zero[int(batch.lengths[rows].argmin())] = False  # the cheapest backward
-    scored = rows[zero]
-    return rows[~zero], scored[batch.response_mask[scored].any(dim=1)]
+    idle = rows[zero]
+    idle = idle[batch.response_mask[idle].any(dim=1)]
+    if sampler_stands_in(batch):
+        return rows[~zero], none, idle
+    return rows[~zero], idle, none
+
+
+def sampler_stands_in(batch: TrainBatch) -> bool:
+    """Whether a row's forward would tell nothing the sampler has not: each batch is used
+    for one update (no old log-probs: every ratio is exactly 1), with no reference
+    (``kl/mean``), and the sampler reported its per-token entropies."""
+    return batch.old_logp is None and batch.ref_logp is None and batch.sampler_entropy is not None
+
+
+def unscored_diagnostics(batch: TrainBatch, rows: Tensor, loss_cfg: PolicyLossConfig,
+                         counts: BatchCounts) -> Diagnostics:
+    """The diagnostics a forward of ``rows`` (no gradient, :func:`sampler_stands_in`) would have
+    added: ratios exactly 1 (the old log-probs would be the forward's own, detached), loss
+    terms 0 (every advantage is), and the sampler's entropies, which are the same policy's
+    at the same temperature. :func:`policy_loss` itself computes them, from log-probs of 0."""
+    width = max(int(batch.lengths[rows].max()), 1)
+    mask = batch.response_mask[rows, :width]
+    zeros = torch.zeros(mask.shape)
+    inputs = PolicyLossInputs(zeros, zeros, batch.advantages[rows, :width], mask,
+                              entropy=batch.sampler_entropy[rows, :width])
+    return policy_loss(inputs, loss_cfg, counts).diagnostics
 
 
 def _micro_step(models: Trainable, batch: TrainBatch, micro: Tensor, scale: float,

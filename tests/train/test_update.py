@@ -124,6 +124,49 @@ def test_rows_without_a_gradient_run_forward_only_and_change_no_step_or_metric(t
         torch.testing.assert_close(state[name], value, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("recipe", ["dr_grpo", "gspo", "dhpo", "cispo", "gmpo"])
+def test_with_one_update_per_batch_rows_without_a_gradient_run_not_at_all(tmp_path, recipe):
+    """One update per batch: every ratio is exactly 1, so what a forward of a row without a
+    gradient would add to the diagnostics is known but for its entropy, which the sampler
+    recorded. Such rows then run no forward, and the step, weights and metrics are those of
+    a backward through every row (the entropy the sampler's, to float32 roundoff)."""
+    trainer = Trainer(tiny_config(tmp_path, recipe, "prompts_per_step=3", "max_new_tokens=16"))
+    batch = _mixed_batch(trainer)
+    assert batch.old_logp is None and batch.sampler_entropy is not None
+    rows = torch.arange(batch.rows)
+    settings = UpdateSettings(epochs=1, minibatches=1, micro_batch_size=3, temperature=1.0,
+                              max_grad_norm=None, pad_id=trainer.engine.pad_id)
+    # the whole batch, then the zero-variance group alone (its shortest row still steps):
+    # rows through the forward with a backward through every row, with forward-only rows,
+    # and with the sampler's entropies standing in
+    for step, expected_rows in ((rows, (12, 11, 7)), (rows[4:8], (4, 4, 1))):
+        outcomes = []
+        for skip, entropies in ((False, batch.sampler_entropy), (True, None),
+                                (True, batch.sampler_entropy)):
+            lm = copy.deepcopy(trainer.lm).train()
+            scorer = TokenScorer(lm, tied_grads_in_place=True)
+            scored = []
+            scorer.register_forward_hook(
+                lambda _, args, __, scored=scored: scored.append(args[0].input_ids.shape[0]))
+            optimizer = torch.optim.SGD(lm.parameters(), lr=0.1, momentum=0.9,
+                                        weight_decay=0.1)
+            results = run_updates(
+                Trainable(scorer, optimizer),
+                dataclasses.replace(batch, sampler_entropy=entropies), trainer.recipe,
+                trainer.loss_cfg, dataclasses.replace(settings, forward_only_zero_gradient=skip),
+                [step])
+            outcomes.append((round_metrics(results[0]), lm.state_dict(), sum(scored)))
+        (full, full_state, _), _, (fast, state, _) = outcomes
+        assert tuple(rows_run for *_, rows_run in outcomes) == expected_rows
+        assert full["grad/norm"] > 1e-3 if len(step) == batch.rows else full["grad/norm"] == 0
+        assert fast.keys() == full.keys()
+        assert fast["ratio/min"] == fast["ratio/max"] == 1.0
+        for key, value in full.items():
+            assert fast[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        for name, value in full_state.items():
+            torch.testing.assert_close(state[name], value, atol=1e-6, rtol=1e-5)
+
+
 def test_a_kl_term_or_an_entropy_bonus_gives_every_row_a_gradient(tmp_path):
     trainer = Trainer(tiny_config(tmp_path, "dr_grpo", "prompts_per_step=3",
                                   "max_new_tokens=16"))
