@@ -85,9 +85,11 @@ def _logprob_and_entropy(logits: Tensor, tokens: Tensor, probs: Tensor | None = 
 
     The log-sum-exp comes from the softmax itself: at the largest logit ``p = 1 / sum
     exp(z - max)``, rounded once, so ``lse = max - log p`` there (a separate ``logsumexp``
-    would be the slowest pass over the vocabulary here)."""
+    would be the slowest pass over the vocabulary here). ``sum p z`` is divided by ``sum p``:
+    on the CPU ``torch.softmax``'s float32 probabilities sum to 1 only within ~5e-6, which
+    logits of magnitude ~20 would turn into an entropy error of ~1e-4."""
     probs = torch.softmax(logits, dim=-1) if probs is None else probs
     top, where = logits.max(dim=-1, keepdim=True)
     lse = (top - probs.gather(-1, where).log()).squeeze(-1)
-    entropy = lse - torch.linalg.vecdot(probs, logits)
+    entropy = lse - torch.linalg.vecdot(probs, logits) / probs.sum(dim=-1)
     return logits.gather(-1, tokens[:, None]).squeeze(-1) - lse, entropy

@@ -39,6 +39,20 @@ def test_draws_follow_the_truncated_softmax():
     assert torch.allclose(logprobs, probs.log()[tokens], atol=1e-6)
 
 
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9),
+                                    SamplingParams(temperature=0)])
+def test_logprobs_and_entropies_are_those_of_the_untruncated_policy(params):
+    """Against float64, at logits of a real model's magnitude (~20, where float32 roundoff in
+    the probabilities gets multiplied): the picked token's log-prob and the entropy."""
+    torch.manual_seed(0)
+    logits = torch.randn(32, 49152) * 3 + 20
+    tokens, logprobs, entropies = next_tokens(logits, params, row_generators(0, 0, 32, 1))
+    scaled = logits.double() / (params.temperature or 1.0)
+    exact = torch.log_softmax(scaled, dim=-1)
+    assert (logprobs - exact.gather(-1, tokens[:, None]).squeeze(-1)).abs().max() < 2e-5
+    assert (entropies - (-(exact.exp() * exact).sum(dim=-1))).abs().max() < 5e-5
+
+
 def test_row_seeds_are_stable_and_distinct():
     assert row_seed(1, 2, 3) == row_seed(1, 2, 3)
     seeds = {row_seed(s, i, j) for s in range(3) for i in range(5) for j in range(8)}
