@@ -29,9 +29,10 @@ over the machine's drift: with one seed, every round would sample the same compl
 The table's last three columns are means over each framework's timed steps of what it sampled:
 the share of groups whose rewards were all equal (TRL's ``frac_reward_zero_std``), the tokens
 generated per step and the mean reward (TRL's own ``completions/mean_length`` × 32 and
-``reward``). postrl runs groups without variance forward only (their gradient is exactly zero;
-the diagnostics still count them), TRL runs them forward and backward, so its training phase
-does not depend on their share and postrl's does.
+``reward``). postrl skips the forward and backward of groups without variance (their gradient
+is exactly zero, their ratios exactly 1 in a batch used once, and the sampler recorded their
+entropies, so the diagnostics still count them); TRL runs them forward and backward, so its
+training phase does not depend on their share and postrl's does.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def build_engine(cfg: TrainConfig, policy_state: dict) -> tuple[object, Callable
     """``(engine, load_weights)`` for ``cfg.rollout_backend``, starting from ``policy_state``
     (the driver's full state dict of the causal LM)."""
     from postrl.models.policy import causal_lm
-    from postrl.train.trainer import load_trained_policy
+    from postrl.train.trainer import load_trained_policy, records_entropies
 
     model, tokenizer = load_trained_policy(cfg)
     lm = causal_lm(model)
@@ -67,7 +67,8 @@ def build_engine(cfg: TrainConfig, policy_state: dict) -> tuple[object, Callable
         engine = VLLMRolloutEngine.from_policy(lm, tokenizer, cfg.precision)
         return engine, engine.load_weights
     lm.to(worker_device(cfg))  # on a GPU, HFRolloutEngine samples with transformers' forward
-    engine = HFRolloutEngine(lm, tokenizer, batch_size=None, precision=cfg.precision)
+    engine = HFRolloutEngine(lm, tokenizer, batch_size=None, precision=cfg.precision,
+                             entropies=records_entropies(cfg, cfg.build_recipe()))
     return engine, lambda weights: load_trainable(lm, weights)
 
 

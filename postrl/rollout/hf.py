@@ -31,9 +31,12 @@ COMPACT_FRACTION = 0.25  # drop finished rows once they are this share of the ru
 
 class HFRolloutEngine:
     def __init__(self, model, tokenizer, batch_size: int | None = None,
-                 precision: str = "fp32", lean: bool = True) -> None:
-        """``lean=False`` samples with transformers' forward even where the lean one applies."""
+                 precision: str = "fp32", lean: bool = True, entropies: bool = False) -> None:
+        """``lean=False`` samples with transformers' forward even where the lean one applies;
+        ``entropies`` records the policy's entropy at every position (``Rollouts.entropies``,
+        about 1% of the generation's time at SmolLM2's size)."""
         self.model = model
+        self.entropies = entropies
         self.lean = lean and unsupported_reason(model) is None
         self.precision = precision
         self.tokenizer = tokenizer
@@ -58,9 +61,9 @@ class HFRolloutEngine:
         parts = [self._generate_rows(model, prompts[i : i + chunk], group_size, params,
                                      generators[i * group_size : (i + chunk) * group_size])
                  for i in range(0, len(prompts), chunk)]
-        response_ids, mask, logprobs, entropies = (
-            cat_right_padded([p[i] for p in parts], fill)
-            for i, fill in enumerate((self.pad_id, False, 0.0, 0.0)))
+        response_ids, mask, logprobs = (cat_right_padded([p[i] for p in parts], fill)
+                                        for i, fill in enumerate((self.pad_id, False, 0.0)))
+        entropies = cat_right_padded([p[3] for p in parts], 0.0) if self.entropies else None
         reasons = [r for p in parts for r in p[4]]
         lengths = mask.sum(dim=1)
         generated = [ids[:n].tolist() for ids, n in zip(response_ids, lengths, strict=True)]
@@ -133,12 +136,13 @@ class HFRolloutEngine:
         running = torch.arange(rows, device=device)  # original row of each running row
         alive = torch.ones(rows, dtype=torch.bool, device=device)  # by running position
         for step in range(steps):
-            token, logprob, entropy = next_tokens(logits, params,
-                                                  [generators[r] for r in running.tolist()])
+            token, logprob, entropy = next_tokens(
+                logits, params, [generators[r] for r in running.tolist()], self.entropies)
             token = token.masked_fill(~alive, self.pad_id)
             tokens[running, step] = token
             logprobs[running, step] = logprob.masked_fill(~alive, 0.0)
-            entropies[running, step] = entropy.masked_fill(~alive, 0.0)
+            if entropy is not None:
+                entropies[running, step] = entropy.masked_fill(~alive, 0.0)
             valid[running, step] = alive  # a token is part of the response iff its row was alive
             ended = alive & torch.isin(token, eos_ids)
             for i in ended.nonzero().flatten().tolist():

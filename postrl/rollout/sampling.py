@@ -55,17 +55,18 @@ def uniforms(generators: list[torch.Generator]) -> Tensor:
     return torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])[:, None]
 
 
-def next_tokens(logits: Tensor, params: SamplingParams, generators: list[torch.Generator] | None
-                ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(tokens [B], logprobs [B], entropies [B])`` of the temperature-scaled, untruncated
-    policy (greedy: of the unscaled logits), as the trainer's forward computes them.
+def next_tokens(logits: Tensor, params: SamplingParams, generators: list[torch.Generator] | None,
+                with_entropy: bool = True) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(tokens [B], logprobs [B], entropies [B] or None)`` of the temperature-scaled,
+    untruncated policy (greedy: of the unscaled logits), as the trainer's forward computes
+    them; the entropies only ``with_entropy`` (a pass over the vocabulary).
 
     ``generators`` holds one generator per row (unused when greedy).
     """
     logits = logits.float()
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)
-        return (tokens, *_logprob_and_entropy(logits, tokens))
+        return (tokens, *_logprob_and_entropy(logits, tokens, None, with_entropy))
     scaled = logits / params.temperature
     truncated = truncate_logits(scaled, params.top_k, params.top_p)
     probs = torch.softmax(truncated, dim=-1)
@@ -75,21 +76,25 @@ def next_tokens(logits: Tensor, params: SamplingParams, generators: list[torch.G
     tokens = torch.searchsorted(cdf, draws * cdf[:, -1:], right=True)
     tokens = tokens.squeeze(-1).clamp_(max=logits.shape[-1] - 1)
     untruncated = probs if truncated is scaled else None
-    return (tokens, *_logprob_and_entropy(scaled, tokens, untruncated))
+    return (tokens, *_logprob_and_entropy(scaled, tokens, untruncated, with_entropy))
 
 
-def _logprob_and_entropy(logits: Tensor, tokens: Tensor, probs: Tensor | None = None
-                         ) -> tuple[Tensor, Tensor]:
+def _logprob_and_entropy(logits: Tensor, tokens: Tensor, probs: Tensor | None,
+                         with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     """``log p(token)`` and ``H = logsumexp(z) - sum p z`` (the training forward's formula,
     ``postrl.models.vocab``); ``probs``, when given, is ``softmax(logits)`` already.
 
-    The log-sum-exp comes from the softmax itself: at the largest logit ``p = 1 / sum
-    exp(z - max)``, rounded once, so ``lse = max - log p`` there (a separate ``logsumexp``
-    would be the slowest pass over the vocabulary here). ``sum p z`` is divided by ``sum p``:
-    on the CPU ``torch.softmax``'s float32 probabilities sum to 1 only within ~5e-6, which
-    logits of magnitude ~20 would turn into an entropy error of ~1e-4."""
+    With ``probs`` the log-sum-exp comes from the softmax itself: at the largest logit
+    ``p = 1 / sum exp(z - max)``, rounded once, so ``lse = max - log p`` there (a separate
+    ``logsumexp`` would be another pass over the vocabulary). ``sum p z`` is divided by
+    ``sum p``: on the CPU ``torch.softmax``'s float32 probabilities sum to 1 only within
+    ~5e-6, which logits of magnitude ~20 would turn into an entropy error of ~1e-4."""
+    picked = logits.gather(-1, tokens[:, None]).squeeze(-1)
+    if probs is None and not with_entropy:
+        return picked - torch.logsumexp(logits, dim=-1), None
     probs = torch.softmax(logits, dim=-1) if probs is None else probs
     top, where = logits.max(dim=-1, keepdim=True)
     lse = (top - probs.gather(-1, where).log()).squeeze(-1)
-    entropy = lse - torch.linalg.vecdot(probs, logits) / probs.sum(dim=-1)
-    return logits.gather(-1, tokens[:, None]).squeeze(-1) - lse, entropy
+    if not with_entropy:
+        return picked - lse, None
+    return picked - lse, lse - torch.linalg.vecdot(probs, logits) / probs.sum(dim=-1)

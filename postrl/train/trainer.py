@@ -24,6 +24,7 @@ from postrl.models.precision import (
     precision_warning,
 )
 from postrl.process import configure_process
+from postrl.recipes import Recipe
 from postrl.rewards import Scorer, load_reward, soft_overlong_penalty
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import cat_right_padded, select_rows
@@ -42,6 +43,7 @@ from postrl.train.update import (
     average_rounds,
     round_metrics,
     run_updates,
+    unscored_rows_possible,
     update_plan,
 )
 
@@ -100,7 +102,8 @@ class Trainer:
         self.reference = ReferencePolicy(model) if self.recipe.needs_reference else None
         self.critic = ValueModel(model) if self.recipe.critic else None
         self.engine = HFRolloutEngine(self.lm, self.tokenizer, batch_size=None,
-                                      precision=cfg.precision)
+                                      precision=cfg.precision,
+                                      entropies=records_entropies(cfg, self.recipe))
         self.sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens,
                                        tuple(cfg.stop))
         self.optimizer, self.critic_optimizer = make_optimizers(cfg, model, self.critic)
@@ -373,6 +376,13 @@ class Trainer:
                              "length": int(group.rollouts.lengths[j]),
                              "finish_reason": group.rollouts.finish_reasons[j]})
         self.run.append_samples(self.step, rows)
+
+
+def records_entropies(cfg: TrainConfig, recipe: Recipe) -> bool:
+    """Whether the sampler records its entropies for this run: only where the update can
+    stand them in for the forward of rows without a gradient."""
+    return unscored_rows_possible(recipe, recipe.policy_loss_config(cfg.max_new_tokens),
+                                  cfg.updates_per_batch, cfg.train_workers)
 
 
 def _reward_specs(rewards: list, defaults: tuple[str, ...]) -> list[tuple[str, float]]:

@@ -55,7 +55,7 @@ def test_sampling_is_keyed_by_prompt_index_not_by_worker(tiny):
     """One call on all prompts gives the same completions as contiguous slices of them with
     their first prompt index (what the rollout actors get), however the prompts are split."""
     model, tokenizer = tiny
-    engine = HFRolloutEngine(model, tokenizer)
+    engine = HFRolloutEngine(model, tokenizer, entropies=True)
     prompts = [tokenizer(f"{a} + {a} =").input_ids for a in range(5)]
     params = SamplingParams(temperature=1.0, max_new_tokens=10)
     whole = engine.generate(prompts, 3, params, seed=11)

@@ -42,7 +42,7 @@ def test_sampling_logprobs_and_entropies_match_a_teacher_forced_forward(engine, 
     """Both of the sampler's forwards record what the trainer's forward computes: the
     log-prob of each sampled token and the entropy at its position, of the temperature-scaled
     policy before top-k/top-p truncation."""
-    engine = HFRolloutEngine(engine.model, engine.tokenizer, lean=lean)
+    engine = HFRolloutEngine(engine.model, engine.tokenizer, lean=lean, entropies=True)
     ids = prompts(engine.tokenizer)
     for params in (SamplingParams(temperature=1.0, max_new_tokens=12),
                    SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=12),
@@ -58,6 +58,18 @@ def test_sampling_logprobs_and_entropies_match_a_teacher_forced_forward(engine, 
         assert (entropy - out.entropies)[mask].abs().max() < 1e-4
         assert (out.entropies[~mask] == 0).all()
         assert out.entropies[mask].min() > 1.0  # the random tiny model: near-uniform
+
+
+def test_entropies_are_recorded_only_when_asked_and_change_no_sample(engine):
+    ids = prompts(engine.tokenizer)
+    recording = HFRolloutEngine(engine.model, engine.tokenizer, entropies=True)
+    for params in (SamplingParams(max_new_tokens=10),
+                   SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=10),
+                   SamplingParams(temperature=0.0, max_new_tokens=10)):
+        plain, recorded = (e.generate(ids, 3, params, seed=2) for e in (engine, recording))
+        assert plain.entropies is None and recorded.entropies is not None
+        assert torch.equal(plain.response_ids, recorded.response_ids)
+        assert (plain.logprobs - recorded.logprobs).abs().max() < 1e-5
 
 
 def test_same_seed_same_samples_other_seed_other_samples(engine):

@@ -15,7 +15,7 @@ from postrl.rollout.sampling import next_tokens, row_generators, row_seed
 @pytest.fixture(scope="module")
 def engine(tiny):
     model, tokenizer = tiny
-    return HFRolloutEngine(model, tokenizer)
+    return HFRolloutEngine(model, tokenizer, entropies=True)
 
 
 def prompts(tokenizer):
@@ -65,7 +65,9 @@ def assert_same(a, b):
     assert torch.equal(a.response_ids[:, :width], b.response_ids[:, :width])
     assert torch.equal(a.lengths, b.lengths) and a.finish_reasons == b.finish_reasons
     assert torch.allclose(a.logprobs[:, :width], b.logprobs[:, :width], atol=1e-5)
-    assert torch.allclose(a.entropies[:, :width], b.entropies[:, :width], atol=1e-5)
+    assert (a.entropies is None) == (b.entropies is None)
+    if a.entropies is not None:
+        assert torch.allclose(a.entropies[:, :width], b.entropies[:, :width], atol=1e-5)
 
 
 def test_samples_do_not_depend_on_how_prompts_are_split(engine):
@@ -74,7 +76,7 @@ def test_samples_do_not_depend_on_how_prompts_are_split(engine):
     first = engine.generate(ids[:1], 3, params, seed=11)
     rest = engine.generate(ids[1:], 3, params, seed=11, first_prompt=1)
     assert whole.texts == first.texts + rest.texts
-    chunked = HFRolloutEngine(engine.model, engine.tokenizer, batch_size=3)
+    chunked = HFRolloutEngine(engine.model, engine.tokenizer, batch_size=3, entropies=True)
     assert_same(whole, chunked.generate(ids, 3, params, seed=11))
     # the key is the prompt's index: a different offset gives different samples
     shifted = engine.generate(ids[1:], 3, params, seed=11, first_prompt=0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from postrl.train.batch import TrainBatch, assemble
-from postrl.train.trainer import Trainer
+from postrl.train.trainer import Trainer, records_entropies
 from postrl.train.update import (
     TokenScorer,
     Trainable,
@@ -165,6 +165,22 @@ def test_with_one_update_per_batch_rows_without_a_gradient_run_not_at_all(tmp_pa
             assert fast[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
         for name, value in full_state.items():
             torch.testing.assert_close(state[name], value, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("recipe", "options", "records"), [
+    ("dr_grpo", [], True), ("gspo", [], True), ("rloo", [], True),
+    ("dr_grpo", ["epochs=2"], False),  # old log-probs: ratios away from 1
+    ("dr_grpo", ["minibatches=2"], False),
+    ("dr_grpo", ["train_workers=2", "launcher=ray"], False),
+    ("grpo", [], False),  # a KL term: every row has a gradient
+    ("ppo", [], False),  # a critic
+    # dynamic sampling: no group without variance reaches the update
+    ("dapo", ["recipe_options.overlong_buffer=4"], False),
+])
+def test_the_sampler_records_entropies_only_where_the_update_can_use_them(tmp_path, recipe,
+                                                                         options, records):
+    config = tiny_config(tmp_path, recipe, *options)
+    assert records_entropies(config, config.build_recipe()) is records
 
 
 def test_a_kl_term_or_an_entropy_bonus_gives_every_row_a_gradient(tmp_path):
