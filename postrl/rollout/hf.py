@@ -33,8 +33,8 @@ class HFRolloutEngine:
     def __init__(self, model, tokenizer, batch_size: int | None = None,
                  precision: str = "fp32", lean: bool = True, entropies: bool = False) -> None:
         """``lean=False`` samples with transformers' forward even where the lean one applies;
-        ``entropies`` records the policy's entropy at every position (``Rollouts.entropies``,
-        about 1% of the generation's time at SmolLM2's size)."""
+        ``entropies`` records the policy's entropy at every position (``Rollouts.entropies``;
+        under 1% of the generation's time at SmolLM2's size)."""
         self.model = model
         self.entropies = entropies
         self.lean = lean and unsupported_reason(model) is None
