@@ -164,17 +164,23 @@ def prompt_grouped(rows: Tensor, batch: TrainBatch) -> Tensor:
     return torch.tensor([i for members in groups.values() for i in members], dtype=torch.long)
 
 
+def advantage_terms_only(loss_cfg: PolicyLossConfig, critic: bool) -> bool:
+    """Whether the update's only per-token terms are the surrogate's: no KL in the loss, no
+    entropy bonus, and no critic to train. Every surrogate is ``ratio * advantage`` in some
+    form (ALGORITHMS.md §2), so a row without a non-zero advantage then has no gradient."""
+    return not (critic or loss_cfg.kl_coef or loss_cfg.entropy_coef)
+
+
 def zero_gradient_rows(rows: Tensor, batch: TrainBatch, loss_cfg: PolicyLossConfig,
                        critic: nn.Module | None) -> Tensor:
     """Which of ``rows`` contribute exactly nothing to the policy gradient: no response token
-    with a non-zero advantage, under a loss with no other per-token term (no KL in the loss,
-    no entropy bonus) and no critic to train. Every surrogate is ``ratio * advantage`` in
-    some form (ALGORITHMS.md §2), so such a row's loss is 0 and its gradient too, whatever
-    its ratio; its tokens still count in the normalisers. They are the groups whose rewards
+    with a non-zero advantage, under a loss with no other per-token term
+    (:func:`advantage_terms_only`): such a row's loss is 0 and its gradient too, whatever its
+    ratio; its tokens still count in the normalisers. They are the groups whose rewards
     are all equal (group-relative advantages, Dr. GRPO, RLOO) and rows with no token left
     (overlong filtering). Boolean, one entry per row of ``rows``."""
     none = torch.zeros(len(rows), dtype=torch.bool)
-    if critic is not None or loss_cfg.kl_coef or loss_cfg.entropy_coef or batch.advantages is None:
+    if not advantage_terms_only(loss_cfg, critic is not None) or batch.advantages is None:
         return none
     carries = (batch.advantages[rows] != 0) & batch.response_mask[rows]
     return ~carries.any(dim=1)
@@ -328,13 +334,13 @@ def unscored_rows_possible(recipe: Recipe, loss_cfg: PolicyLossConfig, updates_p
                            train_workers: int) -> bool:
     """Whether a run's updates can leave rows out entirely (:func:`sampler_stands_in`), as
     far as its configuration tells: one process, one update per batch, no reference, no
-    critic, no KL or entropy term in the loss (:func:`zero_gradient_rows`), and groups
+    critic, no KL or entropy term in the loss (:func:`advantage_terms_only`), and groups
     without variance reach the update (no dynamic sampling). The trainer asks the sampler
     for its entropies only then: recording them costs under 1% of the generation at
     SmolLM2's size and 5-8% at the tiny model's (``bench/unscored_rows_ab.py sampler``)."""
-    return (train_workers == 1 and updates_per_batch == 1 and not recipe.needs_reference
-            and not recipe.critic and not recipe.dynamic_sampling
-            and not loss_cfg.kl_coef and not loss_cfg.entropy_coef)
+    return (advantage_terms_only(loss_cfg, recipe.critic) and train_workers == 1
+            and updates_per_batch == 1 and not recipe.needs_reference
+            and not recipe.dynamic_sampling)
 
 
 def unscored_diagnostics(batch: TrainBatch, rows: Tensor, loss_cfg: PolicyLossConfig,
