@@ -29,8 +29,10 @@ import postrl.models.logprobs as lp
 ONE_PASS = lp._OwnLayers.forward_with_prompts
 
 
-def two_passes(self, prompt_ids, prompt_positions, prompt_mask, packing, bias):
-    """The prompts' forward (keeping their keys and values), then the packed responses'."""
+def two_passes(self, prompt_ids, prompt_positions, prompt_mask, packing, bias, recorded=None):
+    """The prompts' forward (keeping their keys and values), then the packed responses'
+    (this bench's batches have no sampler record)."""
+    assert recorded is None
     prompt, past = self.forward(prompt_ids, prompt_positions, prompt_mask, keep=True)
     packed, _ = self.forward(packing.input_ids, packing.position_ids, bias,
                              self.select(past, packing.prompts))
@@ -69,7 +71,7 @@ def layers(model_spec: str, rows: int, reps: int) -> None:
                                    torch.randint(0, 40000, (rows, 32)) * mask, mask, 0)
 
     def run():
-        lp.response_hidden(model, batch).sum().backward()
+        lp.response_hidden(model, batch)[0].sum().backward()
         model.zero_grad(set_to_none=True)
 
     t = alternate(run, reps)

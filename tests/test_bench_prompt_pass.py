@@ -26,9 +26,9 @@ def test_one_pass_and_two_passes_give_the_same_logprobs_and_gradients(prompt_pas
         prompt_pass_ab.use(one_pass)
         spied = lp._OwnLayers.forward_with_prompts
 
-        def spy(self, *args, spied=spied, one_pass=one_pass):
+        def spy(self, *args, spied=spied, one_pass=one_pass, **kwargs):
             calls.append(one_pass)
-            return spied(self, *args)
+            return spied(self, *args, **kwargs)
 
         lp._OwnLayers.forward_with_prompts = spy
         model.zero_grad(set_to_none=True)

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from postrl.models.recorded import RecordedRows, recorded_linear
+
 MODEL_TYPES = ("llama", "qwen2")
 
 
@@ -110,25 +112,31 @@ def body(model, input_ids: Tensor, position_ids: Tensor, bias: Tensor,
 
 def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, prompt_bias: Tensor,
                       input_ids: Tensor, position_ids: Tensor, bias: Tensor, prompt_of_row: Tensor,
-                      compiled: bool = False) -> tuple[Tensor, Tensor]:
+                      compiled: bool = False,
+                      recorded: tuple[RecordedRows, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """``(prompt hidden [n, P, H], hidden [B, L, H])``, both after the final norm: what
     :func:`body` gives over the prompts, and then over ``input_ids`` after the prompts' keys
     and values (row ``b`` continues prompt ``prompt_of_row[b]``; ``bias [B, 1, L, P + L]``).
 
     Each layer multiplies the prompts' tokens and the rows' tokens by its weights in one
     matmul, not two: a micro-batch's prompts are a few dozen tokens, where a matmul of their
-    own runs far below the rate of a larger one, forward and backward (docs/performance.md)."""
+    own runs far below the rate of a larger one, forward and backward (docs/performance.md).
+    With ``recorded`` (the sampler's record and the slot of each of those tokens, prompts'
+    first), no linear multiplies: each reads its recorded output (``postrl.models.recorded``);
+    the layers then run eagerly."""
     inner = model.model
-    layer_fn = _compiled_pair_layer() if compiled and torch.is_grad_enabled() else _pair_layer
+    layer_fn = (_compiled_pair_layer() if compiled and torch.is_grad_enabled()
+                and recorded is None else _pair_layer)
     prompt_hidden = inner.embed_tokens(prompt_ids)
     hidden = inner.embed_tokens(input_ids)
     prompt_angles = tuple(t[:, None] for t in inner.rotary_emb(prompt_hidden, prompt_positions))
     angles = tuple(t[:, None] for t in inner.rotary_emb(hidden, position_ids))
     shapes = (prompt_hidden.shape, hidden.shape)
     flat = torch.cat([prompt_hidden.flatten(0, 1), hidden.flatten(0, 1)])
-    for layer in inner.layers:
+    for i, layer in enumerate(inner.layers):
+        outputs = {} if recorded is None else {"outputs": recorded[0].layer(i, recorded[1])}
         flat = layer_fn(layer, flat, shapes, prompt_angles, angles, prompt_bias, bias,
-                        prompt_of_row)
+                        prompt_of_row, **outputs)
     flat = inner.norm(flat)
     split = prompt_ids.numel()
     return flat[:split].view(prompt_hidden.shape), flat[split:].view(hidden.shape)
@@ -174,14 +182,17 @@ def _compiled_pair_layer():
 
 
 def _pair_layer(layer, flat: Tensor, shapes, prompt_angles, angles, prompt_bias: Tensor,
-                bias: Tensor, prompt_of_row: Tensor) -> Tensor:
+                bias: Tensor, prompt_of_row: Tensor, outputs: list[Tensor] | None = None
+                ) -> Tensor:
     """:func:`_layer` over the prompts' tokens and the rows' tokens, concatenated in ``flat``
     (``[n * P + B * L, H]``, shapes ``[n, P, H]`` and ``[B, L, H]``): every linear runs once
     over both; attention runs within the prompts, then for each row over its prompt's keys
-    and values and its own."""
+    and values and its own. ``outputs``: the linears' outputs, already known (one tensor per
+    ``postrl.models.recorded.KINDS``, the fused projections' parts side by side)."""
     attn, dim = layer.self_attn, layer.self_attn.head_dim
     (prompts, length, _), (rows, width, _) = shapes
     split = prompts * length
+    known = _known_outputs(layer, outputs)
 
     def heads(t: Tensor) -> tuple[Tensor, Tensor]:  # [n, h, P, d] and [B, h, L, d]
         return (t[:split].view(prompts, length, -1, dim).transpose(1, 2),
@@ -189,7 +200,7 @@ def _pair_layer(layer, flat: Tensor, shapes, prompt_angles, angles, prompt_bias:
 
     x = _rms_norm(flat, layer.input_layernorm)
     (prompt_query, query), (prompt_key, key), (prompt_value, value) = (
-        heads(_linear(x, m)) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+        heads(_linear(x, m, known.get(m))) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
     prompt_query, prompt_key = (rotate(t, *prompt_angles) for t in (prompt_query, prompt_key))
     query, key = (rotate(t, *angles) for t in (query, key))
     prompt_out = _attend(prompt_query * attn.scaling, prompt_key, prompt_value, prompt_bias)
@@ -197,19 +208,36 @@ def _pair_layer(layer, flat: Tensor, shapes, prompt_angles, angles, prompt_bias:
     values = torch.cat([prompt_value.index_select(0, prompt_of_row), value], dim=2)
     out = _attend(query * attn.scaling, keys, values, bias)
     out = torch.cat([prompt_out.flatten(0, 1), out.flatten(0, 1)])
-    return _mlp_block(layer, flat + _linear(out, attn.o_proj))
+    return _mlp_block(layer, flat + _linear(out, attn.o_proj, known.get(attn.o_proj)), known)
 
 
-def _mlp_block(layer, hidden: Tensor) -> Tensor:
+def _known_outputs(layer, outputs: list[Tensor] | None) -> dict[nn.Linear, Tensor]:
+    """Each linear of ``layer`` with its part of ``outputs`` (none without)."""
+    if outputs is None:
+        return {}
+    attn, mlp = layer.self_attn, layer.mlp
+    known = {}
+    for fused, modules in zip(outputs, ((attn.q_proj, attn.k_proj, attn.v_proj),
+                                        (attn.o_proj,), (mlp.gate_proj, mlp.up_proj),
+                                        (mlp.down_proj,)), strict=True):
+        parts = fused.split([m.out_features for m in modules], dim=-1)
+        known.update(zip(modules, parts, strict=True))
+    return known
+
+
+def _mlp_block(layer, hidden: Tensor, known: dict[nn.Linear, Tensor] | None = None) -> Tensor:
     """The layer's second half: ``hidden`` plus its SwiGLU MLP of the normed ``hidden``."""
-    mlp = layer.mlp
+    mlp, known = layer.mlp, known or {}
     x = _rms_norm(hidden, layer.post_attention_layernorm)
-    return hidden + _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj),
-                            mlp.down_proj)
+    gate, up = (_linear(x, m, known.get(m)) for m in (mlp.gate_proj, mlp.up_proj))
+    return hidden + _linear(F.silu(gate) * up, mlp.down_proj, known.get(mlp.down_proj))
 
 
-def _linear(x: Tensor, module: nn.Linear) -> Tensor:
-    return F.linear(x, module.weight, module.bias)
+def _linear(x: Tensor, module: nn.Linear, output: Tensor | None = None) -> Tensor:
+    """``module(x)``; with ``output``, that value already known (the backward is the same)."""
+    if output is None:
+        return F.linear(x, module.weight, module.bias)
+    return recorded_linear(x, module.weight, output, module.bias)
 
 
 def _rms_norm(x: Tensor, norm: nn.Module) -> Tensor:

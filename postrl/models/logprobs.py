@@ -30,6 +30,7 @@ from transformers import DynamicCache
 
 from postrl.models import layers
 from postrl.models.packing import Packing, attention_bias, pack_responses
+from postrl.models.recorded import RecordedRows, recorded_linear
 from postrl.models.vocab import logprob_and_entropy
 
 
@@ -41,6 +42,8 @@ class SequenceBatch:
     attention_mask: Tensor  # [N, P + T]
     position_ids: Tensor  # [N, P + T]
     prompt_width: int  # P: responses start at this column
+    # the sampler's record of these rows' forward, read instead of multiplying while fresh
+    recorded: RecordedRows | None = None
 
     @classmethod
     def build(cls, prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor,
@@ -72,32 +75,50 @@ def response_logprobs(
     layers run compiled (``torch_compile``; :func:`postrl.models.layers.body`).
     """
     response_width = batch.input_ids.shape[1] - batch.prompt_width
-    hidden = response_hidden(model, batch, share_prompts, compile_layers)
+    recorded = usable_record(model, batch)
+    hidden, recorded = response_hidden(model, batch, share_prompts, compile_layers, recorded)
     # only response tokens (the attention mask's response part) go through the LM head,
     # chunk_rows * T at a time
     scored = batch.attention_mask[:, batch.prompt_width:].bool()
     hidden, targets = hidden[scored], batch.input_ids[:, batch.prompt_width:][scored]
+    logit_slots = None if recorded is None else recorded.logit_slots(*scored.nonzero().unbind(1))
     chunk = chunk_rows * max(response_width, 1)
     head = lm_head_chunks(model) if head_grad_in_place else model.lm_head
+    head = _plain_head(head) if isinstance(head, nn.Module) else head
     logps, entropies = [], []
     # at least one (possibly empty) chunk, so that a batch without a scored token still gives
     # a result attached to the graph (a zero loss that can be back-propagated)
     for start in range(0, max(hidden.shape[0], 1), chunk):
+        logits = (None if logit_slots is None else
+                  recorded.record.logits.index_select(0, logit_slots[start : start + chunk]))
         logp, entropy = logprob_and_entropy(
-            head(hidden[start : start + chunk]), targets[start : start + chunk],
+            head(hidden[start : start + chunk], logits), targets[start : start + chunk],
             temperature, entropy_grad and torch.is_grad_enabled(), with_entropy)
         logps.append(logp)
         entropies.append(entropy)
     return _unflatten(logps, scored), _unflatten(entropies, scored) if with_entropy else None
 
 
+def usable_record(model, batch: SequenceBatch) -> RecordedRows | None:
+    """``batch.recorded`` when it records ``model``'s forward at its current weights, outside
+    autocast (the record is float32), else None."""
+    recorded = batch.recorded
+    if recorded is None or torch.is_autocast_enabled("cpu") or not recorded.record.fresh(model):
+        return None
+    return recorded
+
+
 def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
-                    compile_layers: bool = False) -> Tensor:
-    """``[N, T, H]``: the last hidden states that predict each response token (the one at
-    column ``c`` predicts the token at ``c + 1``). Llama-style models run postrl's own layers
-    when prompts are shared (each distinct prompt once; with packed responses, the prompts'
-    and the responses' tokens go through each layer's linears together); other models, and
-    whole rows (``share_prompts`` off: FSDP2), run transformers' forward."""
+                    compile_layers: bool = False, recorded: RecordedRows | None = None
+                    ) -> tuple[Tensor, RecordedRows | None]:
+    """``([N, T, H], recorded or None)``: the last hidden states that predict each response
+    token (the one at column ``c`` predicts the token at ``c + 1``), and ``recorded`` if the
+    layers read it (see below). Llama-style models run postrl's own layers when prompts are
+    shared (each distinct prompt once; with packed responses, the prompts' and the responses'
+    tokens go through each layer's linears together); other models, and whole rows
+    (``share_prompts`` off: FSDP2), run transformers' forward. ``recorded`` (the sampler's
+    record of these rows, :func:`usable_record`) is read instead of multiplying on the
+    packed path of postrl's layers; any other path leaves it unread."""
     width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
     own = share_prompts and layers.unsupported_reason(model) is None
     body = _OwnLayers(model, compile_layers) if own else _Transformers(model)
@@ -105,7 +126,7 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
                      if share_prompts else (None, None))
     if prompts is None or len(prompts) == len(rows):  # one plain forward
         hidden, _ = body.forward(batch.input_ids, batch.position_ids, batch.attention_mask)
-        return hidden[:, width - 1 : width - 1 + response_width]
+        return hidden[:, width - 1 : width - 1 + response_width], None
     # each distinct prompt once (equal ids and masks: equal positions too)
     prompt_ids, prompt_positions, prompt_mask = (
         t[prompts, :width] for t in (batch.input_ids, batch.position_ids, batch.attention_mask))
@@ -115,23 +136,48 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
     if packing is not None:
         if own:  # the prompts' and the responses' tokens through each linear together
             bias = attention_bias(packing, prompt_mask, body.dtype)  # the residual stream's
+            slots = (None if recorded is None else
+                     _recorded_slots(recorded, batch, prompts, prompt_mask, packing))
             prompt, packed = body.forward_with_prompts(prompt_ids, prompt_positions, prompt_mask,
-                                                       packing, bias)
+                                                       packing, bias, recorded=slots)
         else:
+            recorded = None
             prompt, past = body.forward(prompt_ids, prompt_positions, prompt_mask, keep=True)
             bias = attention_bias(packing, prompt_mask, prompt.dtype)
             packed, _ = body.forward(packing.input_ids, packing.position_ids, bias,
                                      body.select(past, packing.prompts))
         hidden = torch.cat([prompt[:, -1], packed.flatten(0, 1)]).index_select(0, packing.source)
-        return hidden.view(*batch.input_ids[:, width:].shape, -1)
+        return hidden.view(*batch.input_ids[:, width:].shape, -1), recorded
     prompt, past = body.forward(prompt_ids, prompt_positions, prompt_mask, keep=True)
     if response_width == 1:
-        return prompt[rows, -1:]  # predicts the first response token
+        return prompt[rows, -1:], None  # predicts the first response token
     # each row gets its prompt's keys and values (a differentiable index_select: their
     # gradients add up over the rows of the prompt)
     responses, _ = body.forward(batch.input_ids[:, width:-1], batch.position_ids[:, width:-1],
                                 batch.attention_mask[:, :-1], body.select(past, rows))
-    return torch.cat([prompt[rows, -1:], responses], dim=1)
+    return torch.cat([prompt[rows, -1:], responses], dim=1), None
+
+
+def _recorded_slots(recorded: RecordedRows, batch: SequenceBatch, prompts: Tensor,
+                    prompt_mask: Tensor, packing: Packing) -> tuple[RecordedRows, Tensor]:
+    """The record's slot of every token :func:`postrl.models.layers.body_with_prompts` runs:
+    the distinct prompts' (``prompts``: their first rows), then the packed rows'."""
+    prompt_slots = recorded.prompt_slots(prompts, batch.prompt_width, prompt_mask)
+    prompt_lengths = batch.attention_mask[:, : batch.prompt_width].sum(dim=1)
+    rows = packing.segments  # negative on padding
+    columns = packing.position_ids - prompt_lengths[rows.clamp(min=0)]
+    slots = recorded.response_slots(rows, columns)
+    return recorded, torch.cat([prompt_slots.flatten(), slots.flatten()])
+
+
+def _plain_head(head: nn.Module) -> Callable[[Tensor, Tensor | None], Tensor]:
+    """``head`` for one chunk, or its ``output`` already known (the sampler's record)."""
+    def chunk_logits(hidden: Tensor, output: Tensor | None = None) -> Tensor:
+        if output is None:
+            return head(hidden)
+        return recorded_linear(hidden, head.weight, output, head.bias)
+
+    return chunk_logits
 
 
 class _OwnLayers:
@@ -152,13 +198,15 @@ class _OwnLayers:
         return layers.body(self.model, input_ids, position_ids, mask, past, self.compiled)
 
     def forward_with_prompts(self, prompt_ids: Tensor, prompt_positions: Tensor,
-                             prompt_mask: Tensor, packing: Packing, bias: Tensor):
+                             prompt_mask: Tensor, packing: Packing, bias: Tensor,
+                             recorded: tuple[RecordedRows, Tensor] | None = None):
         """``(prompt hidden states, packed rows' hidden states)``: the two forwards of
-        :meth:`forward` (the prompts, then the packed rows after them) in one pass."""
+        :meth:`forward` (the prompts, then the packed rows after them) in one pass;
+        ``recorded``: see :func:`postrl.models.layers.body_with_prompts`."""
         prompt_bias = layers.causal_bias(prompt_mask, self.dtype)
         return layers.body_with_prompts(self.model, prompt_ids, prompt_positions, prompt_bias,
                                         packing.input_ids, packing.position_ids, bias,
-                                        packing.prompts, self.compiled)
+                                        packing.prompts, self.compiled, recorded)
 
     @staticmethod
     def select(past: layers.KeysValues, rows: Tensor) -> layers.KeysValues:
@@ -188,9 +236,10 @@ class _Transformers:
         return past
 
 
-def lm_head_chunks(model) -> Callable[[Tensor], Tensor]:
+def lm_head_chunks(model) -> Callable[..., Tensor]:
     """The LM head for one chunk of tokens at a time, each chunk's weight gradient added in
-    place into the weight's ``.grad`` as soon as it is computed.
+    place into the weight's ``.grad`` as soon as it is computed (a second argument, when
+    given, is the chunk's logits already known: the sampler's record).
 
     Through autograd, the chunks' weight gradients (one vocabulary-sized tensor each, 113 MB
     for SmolLM2 in float32) are summed out of place, and so is their sum with the input
@@ -209,10 +258,12 @@ def lm_head_chunks(model) -> Callable[[Tensor], Tensor]:
         return head
     weight = head.weight
 
-    def chunk_logits(hidden: Tensor) -> Tensor:
+    def chunk_logits(hidden: Tensor, output: Tensor | None = None) -> Tensor:
         alias = weight.detach().requires_grad_()
         alias.register_post_accumulate_grad_hook(partial(_add_grad_into, weight))
-        return F.linear(hidden, alias)
+        if output is None:
+            return F.linear(hidden, alias)
+        return recorded_linear(hidden, alias, output)
 
     return chunk_logits
 

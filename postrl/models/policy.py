@@ -69,7 +69,7 @@ class ValueModel(nn.Module):
         policy's scoring forward (:func:`postrl.models.logprobs.response_hidden`): rows of a
         prompt share its forward unless ``share_prompts`` is off (FSDP2), responses packed,
         postrl's own layers for Llama-style backbones (compiled with ``compile_layers``)."""
-        hidden = response_hidden(_Body(self.backbone), batch, share_prompts, compile_layers)
+        hidden, _ = response_hidden(_Body(self.backbone), batch, share_prompts, compile_layers)
         values = self.head(hidden).squeeze(-1).float()
         return values.masked_fill(~batch.attention_mask[:, batch.prompt_width:].bool(), 0.0)
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from postrl.errors import ConfigError
+from postrl.models.recorded import RecordedRows
 
 FINISH_REASONS = ("eos", "length", "stop")
 
@@ -60,6 +61,8 @@ class Rollouts:
     texts: list[str]  # decoded responses, special tokens removed
     group_size: int
     entropies: Tensor | None = None  # the sampling policy's entropy at each position; 0 off-mask
+    # the sampler's forward, recorded for the update (``postrl.models.recorded``)
+    recorded: RecordedRows | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -95,4 +98,5 @@ def select_rows(rollouts: Rollouts, start: int, stop: int) -> Rollouts:
         texts=rollouts.texts[start:stop],
         group_size=stop - start,
         entropies=None if rollouts.entropies is None else rollouts.entropies[start:stop, :width],
+        recorded=None if rollouts.recorded is None else rollouts.recorded.select(start, stop),
     )

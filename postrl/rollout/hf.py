@@ -12,31 +12,45 @@ on a GPU, by transformers' own forward. The sampling loop runs on the model's de
 per-response generators stay on the CPU (the same draws on any device), and the rollouts come
 back on the CPU. With ``precision="bf16"`` or ``"bf16-master"`` both sample in bfloat16 from a
 copy of the current weights (autocast would re-cast every weight at every token); otherwise in
-the policy's dtype.
+the policy's dtype. With ``record_forward``, the lean float32 forward also writes down every
+linear layer's output, for an update that then need not recompute them
+(``postrl.models.recorded``).
 """
 
 from __future__ import annotations
+
+import os
+from functools import partial
 
 import torch
 from transformers import DynamicCache
 
 from postrl.models.logprobs import cache_keyword
 from postrl.models.precision import bf16_copy, sampling_dtype
+from postrl.models.recorded import RecordedForward, RecordedRows, RecordMemory, record_bytes
 from postrl.rollout.base import Rollouts, SamplingParams, cat_right_padded
 from postrl.rollout.lean import LeanDecoder, LeanWeights, unsupported_reason
 from postrl.rollout.sampling import next_tokens, row_generators
 
 COMPACT_FRACTION = 0.25  # drop finished rows once they are this share of the running batch
+# the most of the machine's memory a recorded forward may take (at most, every slot written)
+RECORD_MEMORY_SHARE = 0.25
 
 
 class HFRolloutEngine:
     def __init__(self, model, tokenizer, batch_size: int | None = None,
-                 precision: str = "fp32", lean: bool = True, entropies: bool = False) -> None:
+                 precision: str = "fp32", lean: bool = True, entropies: bool = False,
+                 record_forward: bool = False) -> None:
         """``lean=False`` samples with transformers' forward even where the lean one applies;
         ``entropies`` records the policy's entropy at every position (``Rollouts.entropies``;
-        under 1% of the generation's time at SmolLM2's size)."""
+        under 1% of the generation's time at SmolLM2's size); ``record_forward`` records the
+        sampler's linear outputs for the update (``Rollouts.recorded``; only where the lean
+        forward samples in float32, all rows in one chunk, and the record fits
+        :data:`RECORD_MEMORY_SHARE` of the memory)."""
         self.model = model
         self.entropies = entropies
+        self.record_forward = record_forward
+        self._record_memory = RecordMemory()
         self.lean = lean and unsupported_reason(model) is None
         self.precision = precision
         self.tokenizer = tokenizer
@@ -58,8 +72,12 @@ class HFRolloutEngine:
         generators = row_generators(seed, first_prompt, len(prompts), group_size)
         chunk = max((self.batch_size or len(rows)) // group_size, 1)  # prompts per chunk
         model = self._sampling_model(min(chunk * group_size, len(rows)))
+        record = (RecordedForward(self.model, [len(p) for p in prompts], group_size,
+                                  params.max_new_tokens, self._record_memory)
+                  if self._records(model, prompts, chunk, group_size, params) else None)
         parts = [self._generate_rows(model, prompts[i : i + chunk], group_size, params,
-                                     generators[i * group_size : (i + chunk) * group_size])
+                                     generators[i * group_size : (i + chunk) * group_size],
+                                     record)
                  for i in range(0, len(prompts), chunk)]
         response_ids, mask, logprobs = (cat_right_padded([p[i] for p in parts], fill)
                                         for i, fill in enumerate((self.pad_id, False, 0.0)))
@@ -69,7 +87,18 @@ class HFRolloutEngine:
         generated = [ids[:n].tolist() for ids, n in zip(response_ids, lengths, strict=True)]
         texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
         return Rollouts(rows, response_ids, mask, logprobs, lengths, reasons, texts, group_size,
-                        entropies)
+                        entropies,
+                        None if record is None else RecordedRows(record, torch.arange(len(rows))))
+
+    def _records(self, model, prompts, chunk: int, group_size: int,
+                 params: SamplingParams) -> bool:
+        """Whether this call records its forward (see ``record_forward``)."""
+        if not (self.record_forward and isinstance(model, LeanWeights)
+                and model.dtype == torch.float32 and chunk >= len(prompts)):
+            return False
+        size = record_bytes(self.model, len(prompts), max(len(p) for p in prompts), group_size,
+                            params.max_new_tokens)
+        return size <= RECORD_MEMORY_SHARE * physical_memory_bytes()
 
     @torch.no_grad()
     def _sampling_model(self, rows: int):
@@ -86,10 +115,10 @@ class HFRolloutEngine:
         return self._copy
 
     @torch.inference_mode()
-    def _generate_rows(self, model, prompts, group_size, params, generators):
+    def _generate_rows(self, model, prompts, group_size, params, generators, record=None):
         if isinstance(model, LeanWeights):
-            return self._sample(self._prefill_lean, model, prompts, group_size, params,
-                                generators)
+            return self._sample(partial(self._prefill_lean, record=record), model, prompts,
+                                group_size, params, generators)
         was_training = model.training
         model.eval()
         try:
@@ -98,8 +127,10 @@ class HFRolloutEngine:
         finally:
             model.train(was_training)
 
-    def _prefill_lean(self, weights, input_ids, attention, positions, group_size, steps):
-        decoder = LeanDecoder(weights, input_ids, attention, positions, group_size, steps)
+    def _prefill_lean(self, weights, input_ids, attention, positions, group_size, steps,
+                      record=None):
+        decoder = LeanDecoder(weights, input_ids, attention, positions, group_size, steps,
+                              record=record)
         return decoder.first_logits, decoder
 
     def _prefill_transformers(self, model, input_ids, attention, positions, group_size, steps):
@@ -171,6 +202,10 @@ class HFRolloutEngine:
             if any(s in text for s in stop):
                 alive[i] = False
                 reasons[int(running[i])] = "stop"
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def model_device(model) -> torch.device:

@@ -19,6 +19,7 @@ it does not cover, and such models are sampled with transformers' forward instea
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ from torch import Tensor, nn
 
 from postrl.models.layers import architecture_reason, rotate
 from postrl.models.precision import cpu_has_fast_bf16
+from postrl.models.recorded import RecordedForward
 
 
 def unsupported_reason(model) -> str | None:
@@ -252,32 +254,53 @@ def _attend_prompt(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) ->
     return out.transpose(1, 2).reshape(prompts, length, heads * dim)
 
 
-def _layers(w: LeanWeights, tokens: Tensor, positions: Tensor, attend) -> Tensor:
+def _layers(w: LeanWeights, tokens: Tensor, positions: Tensor, attend,
+            record: Callable[[int, int, Tensor], None] | None = None) -> Tensor:
     """The decoder over ``tokens [rows, S]``; ``attend(layer, queries, keys, values)`` stores
     the new keys and values and attends (queries ``[rows, S, heads, dim]``, keys and values
-    ``[rows, S, kv_heads, dim]``, all rotated but the values). The logits after the last
-    column, ``[rows, vocab]``."""
+    ``[rows, S, kv_heads, dim]``, all rotated but the values); ``record(layer, kind,
+    output)``, when given, sees each linear's output (``postrl.models.recorded.KINDS``).
+    The logits after the last column, ``[rows, vocab]``."""
     rows, new = tokens.shape
     hidden = F.embedding(tokens, w.embed).to(w.dtype)
     cos, sin = (t[:, :, None] for t in w.rotary(hidden, positions))  # [rows, S, 1, head_dim]
     dim, heads = w.head_dim, w.heads + w.kv_heads  # heads: of queries and keys together
+    record = record or (lambda layer, kind, output: None)
     for i, layer in enumerate(w.layers):
         qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, w.eps))
+        record(i, 0, qkv)
         # queries and keys rotate together: they are the first columns of qkv
         rotated = rotate(qkv[..., : heads * dim].view(rows, new, heads, dim), cos, sin)
         values = qkv[..., heads * dim:].view(rows, new, w.kv_heads, dim)
-        out = attend(i, rotated[:, :, : w.heads], rotated[:, :, w.heads:], values)
-        hidden = hidden + layer.out(out)
-        gate, up = layer.gate_up(_rms_norm(hidden, layer.post_norm, w.eps)).chunk(2, dim=-1)
-        hidden = hidden + layer.down(F.silu(gate) * up)
+        out = layer.out(attend(i, rotated[:, :, : w.heads], rotated[:, :, w.heads:], values))
+        record(i, 1, out)
+        hidden = hidden + out
+        gate_up = layer.gate_up(_rms_norm(hidden, layer.post_norm, w.eps))
+        record(i, 2, gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        down = layer.down(F.silu(gate) * up)
+        record(i, 3, down)
+        hidden = hidden + down
     return w.lm_head(_rms_norm(hidden[:, -1], w.norm, w.eps))
+
+
+def _recorder(record: RecordedForward | None, slots: slice):
+    """``_layers``' ``record`` writing into ``record``'s ``slots``."""
+    if record is None:
+        return None
+
+    def write(layer: int, kind: int, output: Tensor) -> None:
+        record.linears[layer][kind][slots].copy_(output.reshape(-1, output.shape[-1]))
+
+    return write
 
 
 @torch.inference_mode()
 def prefill(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
-            valid: Tensor) -> Tensor:
+            valid: Tensor, record: RecordedForward | None = None) -> Tensor:
     """Feed the left-padded prompts ``tokens [prompts, P]`` (at ``positions``; ``valid``
-    False on padding) into the cache's prompt columns; the logits after each prompt."""
+    False on padding) into the cache's prompt columns; the logits after each prompt. With
+    ``record``, the linears' outputs and those logits are written into its prompt slots."""
     floor = torch.finfo(w.dtype).min  # not -inf: a padding query that sees only padding is
     cache.prompt_mask.copy_(torch.where(valid, 0.0, floor))  # harmless instead of NaN
     length = tokens.shape[1]
@@ -289,13 +312,19 @@ def prefill(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
         cache.prompt_values[i] = values.transpose(1, 2)
         return _attend_prompt(queries, keys, values, mask)
 
-    return _layers(w, tokens, positions, attend)
+    logits = _layers(w, tokens, positions, attend,
+                     _recorder(record, slice(0, tokens.numel())))
+    if record is not None:
+        record.logits.index_copy_(0, record.prompt_last_slots(), logits)
+    return logits
 
 
 @torch.inference_mode()
-def decode(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor) -> Tensor:
+def decode(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
+           record: RecordedForward | None = None, slots: slice | None = None) -> Tensor:
     """Feed one token per row (``tokens [rows]`` at ``positions``) into the next response
-    column; the logits after it."""
+    column; the logits after it. With ``record``, the linears' outputs and the logits are
+    written into its ``slots`` (one per row)."""
     column = cache.offset + cache.length
     cache.length += 1
 
@@ -304,7 +333,10 @@ def decode(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor) ->
         cache.values[i, :, :, column] = values[:, 0]
         return _attend_decode(queries[:, 0], cache, i)[:, None]
 
-    return _layers(w, tokens[:, None], positions[:, None], attend)
+    logits = _layers(w, tokens[:, None], positions[:, None], attend, _recorder(record, slots))
+    if record is not None:
+        record.logits[slots].copy_(logits)
+    return logits
 
 
 # Prompt length from which a prompt's columns are shared by its samples. Measured (SmolLM2,
@@ -320,11 +352,12 @@ class LeanDecoder:
 
     def __init__(self, weights: LeanWeights, input_ids: Tensor, attention: Tensor,
                  positions: Tensor, group_size: int, max_new_tokens: int,
-                 share_from: int | None = None) -> None:
-        self.weights = weights
+                 share_from: int | None = None, record: RecordedForward | None = None) -> None:
+        self.weights, self.record = weights, record
         prompts, length = input_ids.shape
+        self.rows = torch.arange(prompts * group_size)  # the call's row of each running row
         self.cache = KVCache(weights, prompts, length, group_size, max_new_tokens)
-        logits = prefill(weights, self.cache, input_ids, positions, attention.bool())
+        logits = prefill(weights, self.cache, input_ids, positions, attention.bool(), record)
         # the G samples of a prompt share its prefill and its columns of the cache
         self.first_logits = logits.repeat_interleave(group_size, dim=0)
         share_from = SHARE_PROMPTS_FROM if share_from is None else share_from
@@ -334,6 +367,9 @@ class LeanDecoder:
 
     def select(self, keep: Tensor) -> None:
         self.cache.select(keep)
+        self.rows = self.rows[keep]
 
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        return decode(self.weights, self.cache, tokens, positions)
+        slots = (None if self.record is None
+                 else self.record.next_block(self.rows, self.cache.length))
+        return decode(self.weights, self.cache, tokens, positions, self.record, slots)

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from postrl.models.logprobs import SequenceBatch
+from postrl.models.recorded import RecordedRows
 from postrl.objectives import advantages as adv
 from postrl.objectives import kl_penalty
 from postrl.recipes import Recipe
@@ -38,6 +39,9 @@ class TrainBatch:
     # the sampler's per-token entropies, when its backend reports them: the diagnostics of
     # rows the update does not score (``postrl.train.update``)
     sampler_entropy: Tensor | None = None
+    # the sampler's forward, when it recorded one for all the rows (``postrl.models.recorded``):
+    # the update reads its linears' outputs instead of multiplying, while it is fresh
+    recorded: RecordedRows | None = None
 
     @property
     def rows(self) -> int:
@@ -46,9 +50,12 @@ class TrainBatch:
     def sequences(self, rows: Tensor, pad_id: int) -> SequenceBatch:
         """The forward-pass input of some rows, trimmed to their longest response."""
         width = max(int(self.lengths[rows].max()), 1)
-        return SequenceBatch.build([self.prompt_ids[i] for i in rows.tolist()],
-                                   self.response_ids[rows, :width],
-                                   self.response_mask[rows, :width], pad_id)
+        sequences = SequenceBatch.build([self.prompt_ids[i] for i in rows.tolist()],
+                                        self.response_ids[rows, :width],
+                                        self.response_mask[rows, :width], pad_id)
+        if self.recorded is not None:
+            sequences.recorded = self.recorded.take(rows)
+        return sequences
 
 
 def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
@@ -71,7 +78,16 @@ def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
         truncated=truncated,
         group_size=groups[0].rollouts.group_size,
         sampler_entropy=cat("entropies", 0.0) if reported else None,
+        recorded=_recorded(groups),
     )
+
+
+def _recorded(groups: list[Group]) -> RecordedRows | None:
+    """The groups' rows of the one record they all come from (None without one)."""
+    parts = [g.rollouts.recorded for g in groups]
+    if any(p is None for p in parts) or len({id(p.record) for p in parts}) != 1:
+        return None
+    return RecordedRows(parts[0].record, torch.cat([p.rows for p in parts]))
 
 
 def compute_advantages(recipe: Recipe, batch: TrainBatch, kl_coef_in_reward: float,
@@ -104,7 +120,8 @@ def compute_advantages(recipe: Recipe, batch: TrainBatch, kl_coef_in_reward: flo
 def save_rollout_batch(batch: TrainBatch, path: Path, config: dict[str, Any]) -> None:
     """Freeze a batch (tokens, masks, rewards, advantages, log-probs) for ``postrl replay``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)
+              if f.name != "recorded"}  # the sampler's activations: only for this update
     temporary = path.with_suffix(".tmp")
     torch.save({"batch": fields, "config": config}, temporary)
     temporary.replace(path)

@@ -103,7 +103,8 @@ class Trainer:
         self.critic = ValueModel(model) if self.recipe.critic else None
         self.engine = HFRolloutEngine(self.lm, self.tokenizer, batch_size=None,
                                       precision=cfg.precision,
-                                      entropies=records_entropies(cfg, self.recipe))
+                                      entropies=records_entropies(cfg, self.recipe),
+                                      record_forward=records_forward(cfg))
         self.sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens,
                                        tuple(cfg.stop))
         self.optimizer, self.critic_optimizer = make_optimizers(cfg, model, self.critic)
@@ -383,6 +384,17 @@ def records_entropies(cfg: TrainConfig, recipe: Recipe) -> bool:
     stand them in for the forward of rows without a gradient."""
     return unscored_rows_possible(recipe, recipe.policy_loss_config(cfg.max_new_tokens),
                                   cfg.updates_per_batch, cfg.train_workers)
+
+
+def records_forward(cfg: TrainConfig) -> bool:
+    """Whether the sampler records its forward for the update (``reuse_sampler_forward``,
+    ``postrl.models.recorded``): where the update's forward runs in this process, in float32
+    like the sampler, on the weights the sampler ran (one update per batch), uncompiled. The
+    engine then records only calls its lean float32 forward runs, in one chunk, whose record
+    fits its memory share."""
+    return (cfg.reuse_sampler_forward and cfg.launcher == "local" and cfg.train_workers == 1
+            and cfg.rollout_backend == "hf" and cfg.precision == "fp32"
+            and cfg.updates_per_batch == 1 and not cfg.torch_compile)
 
 
 def _reward_specs(rewards: list, defaults: tuple[str, ...]) -> list[tuple[str, float]]:

@@ -286,6 +286,9 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
         result.grad_norm = float(norm)
         if policy_finite and torch.isfinite(norm):
             models.optimizer.step()
+            # fused AdamW writes the weights without bumping their version counters, which
+            # tell a record of the sampler's forward that it is stale (postrl.models.recorded)
+            torch.autograd.graph.increment_version(models.trained_parameters())
             if models.master is not None:
                 models.master.refresh()
         else:  # guard: never let a NaN or inf reach the weights

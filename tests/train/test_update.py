@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 import torch
 
+from postrl.models.recorded import parameter_versions
 from postrl.train.batch import TrainBatch, assemble
-from postrl.train.trainer import Trainer, records_entropies
+from postrl.train.trainer import Trainer, records_entropies, records_forward
 from postrl.train.update import (
     TokenScorer,
     Trainable,
@@ -193,3 +194,50 @@ def test_a_kl_term_or_an_entropy_bonus_gives_every_row_a_gradient(tmp_path):
         assert not zero_gradient_rows(torch.arange(batch.rows), batch, loss_cfg, None).any()
     assert not zero_gradient_rows(torch.arange(batch.rows), batch, trainer.loss_cfg,
                                   torch.nn.Linear(1, 1)).any()  # a critic to train
+
+
+@pytest.mark.parametrize("recipe", ["dr_grpo", "grpo", "gspo", "dhpo"])
+def test_the_update_reads_the_samplers_forward_and_makes_the_same_step(tmp_path, recipe):
+    """One update per batch: the sampler recorded its forward (``postrl.models.recorded``)
+    and the update reads it instead of multiplying (grpo: with a reference and its KL term).
+    The same gradient norm, metrics and weights as the update that multiplies, and a record
+    spoiled (logits scaled) changes the step: it was read."""
+    trainer = Trainer(tiny_config(tmp_path, recipe, "prompts_per_step=3", "max_new_tokens=16"))
+    batch = _mixed_batch(trainer)
+    assert batch.recorded is not None
+    settings = UpdateSettings(epochs=1, minibatches=1, micro_batch_size=5, temperature=1.0,
+                              max_grad_norm=None, pad_id=trainer.engine.pad_id)
+    lm, weights = trainer.lm.train(), copy.deepcopy(trainer.lm.state_dict())
+    outcomes = []
+    for record in (None, batch.recorded, "spoiled"):
+        lm.load_state_dict(weights)
+        batch.recorded.record.versions = parameter_versions(lm)  # the recorded weights again
+        if record == "spoiled":
+            record = batch.recorded
+            record.record.logits.mul_(50.0)
+        # fused, as the trainer's AdamW is: it does not bump the weights' version counters
+        optimizer = torch.optim.SGD(lm.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1,
+                                    fused=True)
+        results = run_updates(Trainable(TokenScorer(lm, tied_grads_in_place=True), optimizer),
+                              dataclasses.replace(batch, recorded=record), trainer.recipe,
+                              trainer.loss_cfg, settings, [torch.arange(batch.rows)])
+        outcomes.append((round_metrics(results[0]), copy.deepcopy(lm.state_dict())))
+        assert not batch.recorded.record.fresh(lm)  # the step changed the weights
+    (full, full_state), (fast, state), (spoiled, _) = outcomes
+    assert full["grad/norm"] > 1e-3 and fast.keys() == full.keys()
+    for key, value in full.items():
+        assert fast[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    for name, value in full_state.items():
+        torch.testing.assert_close(state[name], value, atol=1e-6, rtol=1e-5)
+    assert spoiled["grad/norm"] != pytest.approx(full["grad/norm"], rel=0.1)
+    assert spoiled["entropy/mean"] < 0.5 * full["entropy/mean"]
+
+
+@pytest.mark.parametrize(("options", "records"), [
+    ([], True), (["epochs=2"], False), (["minibatches=2"], False),
+    (["precision=bf16"], False), (["torch_compile=true"], False),
+    (["train_workers=2", "launcher=ray"], False), (["reuse_sampler_forward=false"], False),
+])
+def test_the_sampler_records_its_forward_only_where_the_update_runs_those_weights(
+        tmp_path, options, records):
+    assert records_forward(tiny_config(tmp_path, "grpo", *options)) is records

@@ -1,0 +1,109 @@
+"""The update reading the sampler's recorded forward against the update that multiplies, and
+what recording costs the sampler; each alternated in one process on the same batches.
+
+    python bench/recorded_forward_ab.py update [--steps 6] [--reps 2]
+    python bench/recorded_forward_ab.py sampler [--reps 8]
+
+``update``: ``bench/vs_trl.py``'s postrl run (SmolLM2, fp32, 4 prompts x 8, 64 new tokens).
+Each step's update runs both ways ``reps`` times from the same weights and optimizer state
+(ABBA order; the process's first update warms up and is left out), and one line per step
+gives the tokens and the medians. ``sampler``: ``generate`` on that run's first prompts with
+and without recording, alternated, medians over the calls but the first two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import statistics
+import time
+
+from postrl.models.recorded import parameter_versions
+
+
+def update(steps: int, reps: int) -> None:
+    from vs_trl import postrl_config  # bench/, this script's directory
+
+    from postrl.train.trainer import Trainer
+
+    trainer = Trainer(postrl_config(steps, seed=0))
+    assert trainer.engine.record_forward
+    original = trainer._update
+    totals: dict[bool, list[float]] = {True: [], False: []}
+    print(f"{'step':>4}{'tokens':>8}{'multiplies s':>14}{'reads record s':>16}{'ratio':>7}")
+
+    def both_ways(batch):
+        assert batch.recorded is not None, "the sampler recorded nothing"
+        weights = copy.deepcopy(trainer.lm.state_dict())
+        optimizer = copy.deepcopy(trainer.optimizer.state_dict())
+        times: dict[bool, list[float]] = {True: [], False: []}
+        ways = [read for i in range(reps) for read in ((True, False) if i % 2 else (False, True))]
+        if not totals[True]:  # the process's first update warms up (allocations, kernels)
+            ways = [None, *ways]
+        for i, read in enumerate(ways):
+            if i:
+                trainer.lm.load_state_dict(weights)
+                trainer.optimizer.load_state_dict(optimizer)
+            # the same weights as recorded: the record may be read again
+            batch.recorded.record.versions = parameter_versions(trainer.lm)
+            start = time.perf_counter()
+            metrics = original(batch if read in (True, None)
+                               else dataclasses.replace(batch, recorded=None))
+            if read is not None:
+                times[read].append(time.perf_counter() - start)
+        plain, recorded = (statistics.median(times[way]) for way in (False, True))
+        totals[False].append(plain)
+        totals[True].append(recorded)
+        print(f"{trainer.step:>4}{int(batch.lengths.sum()):>8}{plain:>14.3f}{recorded:>16.3f}"
+              f"{recorded / plain:>7.3f}", flush=True)
+        return metrics  # the last run's: both ways make the same step to float32 roundoff
+
+    trainer._update = both_ways
+    for _ in range(steps):
+        trainer.train_step()
+    print(f"sum of step medians: multiplies {sum(totals[False]):.2f} s, "
+          f"reads the record {sum(totals[True]):.2f} s")
+
+
+def sampler(reps: int) -> None:
+    from vs_trl import postrl_config
+
+    from postrl.tasks import build_prompt
+    from postrl.train.trainer import Trainer
+
+    config = postrl_config(1, seed=0)
+    trainer = Trainer(config)
+    engine = trainer.engine
+    prompts = [trainer._prompt_ids(e.id, build_prompt(trainer.tokenizer, e.question,
+                                                       config.system_prompt))
+               for e in trainer.sampler.take(4)]
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(reps):
+        for record in ((True, False) if i % 2 else (False, True)):
+            engine.record_forward = record
+            start = time.perf_counter()
+            out = engine.generate(prompts, 8, trainer.sampling, seed=i)
+            times[record].append(time.perf_counter() - start)
+            assert (out.recorded is not None) is record
+            del out
+    without, recording = (statistics.median(times[way][2:]) for way in (False, True))
+    print(f"generate, medians of {reps - 2} calls: without recording {without:.3f} s, "
+          f"recording {recording:.3f} s ({recording / without:.3f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("update", "sampler"))
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--reps", type=int, default=None,
+                        help="runs of each way per step (update: 2) or calls (sampler: 8)")
+    args = parser.parse_args()
+    if args.what == "update":
+        update(args.steps, args.reps or 2)
+    else:
+        sampler(args.reps or 8)
+
+
+if __name__ == "__main__":
+    main()

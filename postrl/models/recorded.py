@@ -1,0 +1,195 @@
+"""The sampler's forward, recorded for the update: the training forward multiplies by nothing.
+
+With one update per batch, the update's forward runs the weights the sampler has just run, on
+the tokens it has just produced: every linear layer's output in the training forward is, up
+to float rounding, one the sampler already computed, token by token. The lean sampler
+(``postrl.rollout.lean``) can write those outputs down (:class:`RecordedForward`: each
+layer's q|k|v, attention output, gate|up and down projections, and the logits), and the
+training forward (``postrl.models.layers.body_with_prompts``) then reads them instead of
+multiplying (:func:`recorded_linear`). Everything between the linears (embedding, RMSNorm,
+rotation, attention, SiLU, residual sums, the log-softmax) still runs, so autograd has every
+input a backward needs, and the backward is the plain one: ``dx = dy W``, ``dW = dy^T x``.
+A third of the training's matmuls go (docs/performance.md).
+
+The two forwards differ only by rounding (other matmul shapes, the sampler's fused kernels),
+as two micro-batch sizes do; every ratio stays exactly 1 (the old log-probs are the
+forward's own, detached). A record is only used while the weights are those it was made
+with (:meth:`RecordedForward.fresh`): parameters' version counters, bumped by in-place
+changes (``load_state_dict``, an optimizer's ``foreach`` step; the update bumps them after
+a fused optimizer's step, which does not).
+
+Slots: the prompts' columns first (``prompts x P``, left-padded as the sampler prefilled
+them), then the decode steps' in order, each step's running rows side by side (the column
+that feeds response token ``k`` of row ``r``: :meth:`RecordedForward.decode_slots`), then
+one slot of zeros for the padding of a training layout.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+KINDS = ("qkv", "out", "gate_up", "down")  # the linears of a layer, in the sampler's fusion
+
+
+def parameter_versions(model: nn.Module) -> tuple[int, ...]:
+    """Every parameter's version counter: changed by any in-place write to the weights."""
+    return tuple(p._version for p in model.parameters())
+
+
+def shape_of(model: nn.Module) -> tuple[tuple[int, ...], int, int]:
+    """``(widths of KINDS, layers, vocabulary)`` of a Llama-style causal LM."""
+    layer = model.model.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    widths = (sum(m.out_features for m in (attn.q_proj, attn.k_proj, attn.v_proj)),
+              attn.o_proj.out_features, mlp.gate_proj.out_features + mlp.up_proj.out_features,
+              mlp.down_proj.out_features)
+    return widths, len(model.model.layers), model.lm_head.out_features
+
+
+def record_bytes(model: nn.Module, prompts: int, prompt_width: int, group_size: int,
+                 max_new: int) -> int:
+    """The most memory a record of one ``generate`` call can take (every slot written)."""
+    widths, layers, vocab = shape_of(model)
+    slots = prompts * (prompt_width + group_size * max_new) + 1
+    return slots * (layers * sum(widths) + vocab) * 4
+
+
+class RecordMemory:
+    """Memory for one record at a time, handed to the next record once the last is gone.
+
+    A record of ``make bench``'s batch writes about a gigabyte; in fresh memory, each of its
+    pages first costs a page fault (about a second in all on a 2-core VM, a sixth of the
+    generation), and glibc returns a freed block this large to the kernel (past its largest
+    trim threshold). Kept here, the next record writes pages already mapped."""
+
+    def __init__(self) -> None:
+        self._tensors: list[Tensor] = []
+        self._owner: weakref.ref | None = None
+
+    def take(self, owner: object, widths: list[int], slots: int) -> list[Tensor]:
+        """``[slots, width]`` for each of ``widths``, the memory of the last record if it is
+        gone and its tensors are as wide and at least as long, else new."""
+        last = self._tensors
+        if (self._owner is not None and self._owner() is not None) or not (
+                [t.shape[1] for t in last] == widths and all(len(t) >= slots for t in last)):
+            # empty: a slot is read only once written; the decode steps fill them in order, so
+            # the pages after the last step's are never touched (they take no memory)
+            last = [torch.empty(slots + slots // 8, width) for width in widths]
+        self._tensors, self._owner = last, weakref.ref(owner)
+        return [t[:slots] for t in last]
+
+
+class RecordedForward:
+    """One ``generate`` call's linear outputs (float32), written as it samples."""
+
+    def __init__(self, model: nn.Module, prompt_lengths: list[int], group_size: int,
+                 max_new: int, memory: RecordMemory | None = None) -> None:
+        widths, layers, vocab = shape_of(model)
+        self.prompt_width = max(prompt_lengths)
+        self.prompt_lengths = torch.tensor(prompt_lengths, dtype=torch.long)
+        self.group_size, self.max_new = group_size, max_new
+        self.response_start = len(prompt_lengths) * self.prompt_width
+        rows = len(prompt_lengths) * group_size
+        self.zero = self.response_start + rows * max_new  # after every slot a step can fill
+        tensors = (memory or RecordMemory()).take(self, [*widths * layers, vocab], self.zero + 1)
+        self.linears = [tensors[i : i + len(widths)]
+                        for i in range(0, len(widths) * layers, len(widths))]
+        self.logits = tensors[-1]
+        for tensor in tensors:
+            tensor[self.zero].zero_()
+        # the slot of each row's response column (the zero slot until a step writes it)
+        self.response_slot = torch.full((rows, max_new), self.zero, dtype=torch.long)
+        self.filled = self.response_start
+        self.model, self.versions = model, parameter_versions(model)
+
+    def fresh(self, model: nn.Module) -> bool:
+        """Whether ``model`` is the one recorded, with the weights it had."""
+        return model is self.model and parameter_versions(model) == self.versions
+
+    def next_block(self, rows: Tensor, column: int) -> slice:
+        """The slots where a decode step over ``rows`` (rows of the ``generate`` call) writes
+        response ``column``: the next ``len(rows)``, one contiguous block (a plain copy)."""
+        block = slice(self.filled, self.filled + len(rows))
+        self.response_slot[rows, column] = torch.arange(block.start, block.stop)
+        self.filled = block.stop
+        return block
+
+    def decode_slots(self, rows: Tensor, column: Tensor | int) -> Tensor:
+        """The slots of response ``column`` of ``rows`` (rows of the ``generate`` call)."""
+        return self.response_slot[rows, column]
+
+    def prompt_last_slots(self) -> Tensor:
+        """Each prompt's last column: its logits predict the first response token."""
+        prompts = len(self.prompt_lengths)
+        return torch.arange(1, prompts + 1) * self.prompt_width - 1
+
+
+@dataclass
+class RecordedRows:
+    """Rows' view of a record: the ``generate`` row of each."""
+
+    record: RecordedForward
+    rows: Tensor  # [N]
+
+    def select(self, start: int, stop: int) -> RecordedRows:
+        return RecordedRows(self.record, self.rows[start:stop])
+
+    def take(self, rows: Tensor) -> RecordedRows:
+        return RecordedRows(self.record, self.rows[rows])
+
+    def prompt_slots(self, prompt_rows: Tensor, width: int, mask: Tensor) -> Tensor:
+        """``[n, width]`` slots of the distinct prompts (micro-batch rows ``prompt_rows``),
+        left-padded to ``width`` under ``mask``; padding reads the zero slot."""
+        record = self.record
+        prompt = self.rows[prompt_rows] // record.group_size
+        columns = torch.arange(width) + (record.prompt_width - width)
+        slots = prompt[:, None] * record.prompt_width + columns
+        return torch.where(mask.bool(), slots, record.zero)
+
+    def response_slots(self, row: Tensor, column: Tensor) -> Tensor:
+        """Slots of response ``column`` of micro-batch ``row`` (same shapes); a negative row
+        is padding and reads the zero slot."""
+        record = self.record
+        slots = record.decode_slots(self.rows[row.clamp(min=0)], column.clamp(min=0))
+        return torch.where(row >= 0, slots, record.zero)
+
+    def logit_slots(self, row: Tensor, column: Tensor) -> Tensor:
+        """Slots of the logits that predict response ``column`` of micro-batch ``row``: the
+        prompt's last column for the first token, else the previous response column."""
+        record = self.record
+        rows = self.rows[row]
+        first = (rows // record.group_size + 1) * record.prompt_width - 1
+        return torch.where(column == 0, first, record.decode_slots(rows, column - 1))
+
+    def layer(self, index: int, slots: Tensor) -> list[Tensor]:
+        """Layer ``index``'s recorded outputs at ``slots``, one tensor per :data:`KINDS`."""
+        return [t.index_select(0, slots) for t in self.record.linears[index]]
+
+
+class _Recorded(torch.autograd.Function):
+    """``x W^T + b`` whose value was recorded: the forward returns it, the backward is the
+    linear's."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, output: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        needs_x, needs_weight, needs_bias, _ = ctx.needs_input_grad
+        flat = grad.reshape(-1, grad.shape[-1])
+        return (grad @ weight if needs_x else None,
+                flat.t() @ x.reshape(-1, x.shape[-1]) if needs_weight else None,
+                flat.sum(dim=0) if needs_bias else None, None)
+
+
+def recorded_linear(x: Tensor, weight: Tensor, output: Tensor,
+                    bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)`` with the value ``output`` already known (same shape)."""
+    return _Recorded.apply(x, weight, bias, output)

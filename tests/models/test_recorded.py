@@ -1,0 +1,164 @@
+"""The sampler's recorded forward: what it holds is the training forward's, the update reads
+it instead of multiplying and gets the same log-probs and gradients, and it is read only
+while the weights are those it was recorded with."""
+
+import pytest
+import torch
+
+import postrl.models.recorded as recorded_module
+from postrl.models.logprobs import SequenceBatch, response_logprobs, usable_record
+from postrl.models.recorded import parameter_versions
+from postrl.rollout import HFRolloutEngine, SamplingParams
+from postrl.rollout import hf as hf_module
+
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=14)
+
+
+def prompts(tokenizer):
+    texts = ["What is 2 + 3?", "Name a colour, please, in one word only.", "Hi"]
+    return [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+
+
+def sample(model, tokenizer, **engine_options):
+    """3 prompts of different lengths x 4 samples; rows end at different steps."""
+    engine = HFRolloutEngine(model, tokenizer, record_forward=True, **engine_options)
+    engine.eos_ids = torch.arange(0, len(tokenizer), 13)  # many stops: rows end early
+    return engine.generate(prompts(tokenizer), 4, PARAMS, seed=3)
+
+
+def micro_batch(rollouts, rows, pad_id=0, with_record=True):
+    """Some rows of ``rollouts`` (any order) as the update's forward input."""
+    width = max(int(rollouts.lengths[rows].max()), 1)
+    batch = SequenceBatch.build([rollouts.prompt_ids[i] for i in rows.tolist()],
+                                rollouts.response_ids[rows, :width],
+                                rollouts.response_mask[rows, :width], pad_id)
+    if with_record:
+        batch.recorded = rollouts.recorded.take(rows)
+    return batch
+
+
+def logp_and_grads(model, batch, head_grad_in_place):
+    model.zero_grad(set_to_none=True)
+    logp, entropy = response_logprobs(model, batch, with_entropy=True,
+                                      head_grad_in_place=head_grad_in_place)
+    weights = torch.linspace(-1.0, 1.0, logp.numel()).view(logp.shape)
+    ((logp * weights).sum() + entropy.sum()).backward()
+    grads = {n: p.grad.to_dense().clone() for n, p in model.named_parameters()
+             if p.grad is not None}
+    return logp.detach(), entropy.detach(), grads
+
+
+def count_reads(monkeypatch):
+    reads = []
+    original = recorded_module._Recorded.apply
+    monkeypatch.setattr(recorded_module._Recorded, "apply",
+                        lambda *args: reads.append(1) or original(*args))
+    return reads
+
+
+@pytest.mark.parametrize("fixture", ["tiny", "tiny_qwen2"])
+def test_the_recorded_forward_gives_the_training_forwards_logprobs_and_gradients(
+        request, tiny, fixture, monkeypatch):
+    """Rows of two prompts, out of order, packed: every linear and the LM head read the
+    record (7 per layer, and the LM head), and log-probs, entropies and every gradient
+    (q/k/v biases too, for Qwen2) match the forward that multiplies, to float32 roundoff."""
+    model = tiny[0] if fixture == "tiny" else request.getfixturevalue(fixture)
+    model.train()
+    rollouts = sample(model, tiny[1])
+    assert rollouts.recorded is not None and len(set(rollouts.lengths.tolist())) > 2
+    rows = torch.tensor([5, 0, 7, 2, 4, 1, 6])  # prompts 0 and 1, mixed
+    reads = count_reads(monkeypatch)
+    for head_grad_in_place in (True, False):
+        plain = logp_and_grads(model, micro_batch(rollouts, rows, with_record=False),
+                               head_grad_in_place)
+        assert not reads
+        recorded = logp_and_grads(model, micro_batch(rollouts, rows), head_grad_in_place)
+        # every linear of every layer, and the LM head (one chunk of 8 rows' columns)
+        assert len(reads) == 7 * len(model.model.layers) + 1
+        reads.clear()
+        torch.testing.assert_close(recorded[0], plain[0], atol=2e-5, rtol=0)
+        torch.testing.assert_close(recorded[1], plain[1], atol=2e-5, rtol=0)
+        assert plain[2].keys() == recorded[2].keys()
+        for name, grad in plain[2].items():
+            scale = max(1.0, float(grad.abs().max()))
+            torch.testing.assert_close(recorded[2][name], grad, atol=2e-5 * scale, rtol=0,
+                                       msg=name)
+    model.zero_grad(set_to_none=True)
+
+
+def test_a_record_is_read_only_while_the_weights_are_the_recorded_ones(tiny, monkeypatch):
+    """A record written over with zeros changes the log-probs while fresh, and nothing once
+    any weight has changed in place (the optimizer step), or for another model."""
+    model, tokenizer = tiny
+    rollouts = sample(model, tokenizer)
+    rows = torch.arange(8)
+    with torch.no_grad():
+        plain, _ = response_logprobs(model, micro_batch(rollouts, rows, with_record=False))
+        batch = micro_batch(rollouts, rows)
+        assert usable_record(model, batch) is not None
+        record = rollouts.recorded.record
+        record.logits.zero_()  # every logit 0: log-probs of -log(vocab)
+        spoiled, _ = response_logprobs(model, batch)
+        scored = batch.attention_mask[:, batch.prompt_width:].bool()
+        uniform = -torch.log(torch.tensor(float(model.lm_head.out_features)))
+        assert torch.allclose(spoiled[scored], uniform)
+        norm = model.model.norm.weight
+        norm.add_(0.0)  # an in-place write, the same values
+        assert usable_record(model, batch) is None
+        torch.testing.assert_close(response_logprobs(model, batch)[0], plain)
+        record.versions = parameter_versions(model)
+        assert usable_record(model, batch) is not None
+        assert usable_record(torch.nn.Module(), batch) is None  # not the recorded model
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert usable_record(model, batch) is None  # the record is float32
+
+
+def test_the_record_holds_each_prompt_and_response_columns_linear_outputs(tiny):
+    """Layer 1's down projection at a prompt's and a response's slots, and the logits that
+    predict each response token, are those of transformers' forward of the whole row."""
+    model, tokenizer = tiny
+    rollouts = sample(model, tokenizer)
+    captured = {}
+    down = model.model.layers[1].mlp.down_proj
+    handle = down.register_forward_hook(lambda _, __, out: captured.update(down=out))
+    try:
+        for row in (1, 6, 9):  # prompts 0, 1 and 2: three prompt lengths
+            batch = micro_batch(rollouts, torch.tensor([row]))
+            length = int(batch.attention_mask[0].sum())
+            ids = batch.input_ids[:, batch.prompt_width - len(rollouts.prompt_ids[row]):]
+            with torch.no_grad():
+                logits = model(input_ids=ids[:, :length]).logits[0]
+            view = batch.recorded
+            prompt_len = len(rollouts.prompt_ids[row])
+            slots = view.prompt_slots(torch.tensor([0]), batch.prompt_width,
+                                      batch.attention_mask[:, : batch.prompt_width])[0]
+            real = slots[batch.prompt_width - prompt_len:]
+            got = view.record.linears[1][3].index_select(0, real)
+            torch.testing.assert_close(got, captured["down"][0, :prompt_len], atol=1e-5,
+                                       rtol=0)
+            responses = length - prompt_len
+            columns = torch.arange(responses - 1)
+            got = view.record.linears[1][3].index_select(
+                0, view.response_slots(torch.zeros_like(columns), columns))
+            torch.testing.assert_close(got, captured["down"][0, prompt_len:length - 1],
+                                       atol=1e-5, rtol=0)
+            columns = torch.arange(responses)
+            got = view.record.logits.index_select(
+                0, view.logit_slots(torch.zeros_like(columns), columns))
+            torch.testing.assert_close(got, logits[prompt_len - 1 : length - 1], atol=1e-4,
+                                       rtol=0)
+    finally:
+        handle.remove()
+
+
+def test_the_engine_records_only_a_float32_lean_forward_in_one_chunk_that_fits(tiny,
+                                                                            monkeypatch):
+    model, tokenizer = tiny
+    assert sample(model, tokenizer).recorded is not None
+    assert sample(model, tokenizer, precision="bf16").recorded is None  # samples in bf16
+    assert sample(model, tokenizer, batch_size=4).recorded is None  # a chunk per prompt
+    assert sample(model, tokenizer, lean=False).recorded is None  # transformers' forward
+    monkeypatch.setattr(hf_module, "RECORD_MEMORY_SHARE", 1e-6)
+    assert sample(model, tokenizer).recorded is None
+    plain = HFRolloutEngine(model, tokenizer).generate(prompts(tokenizer), 4, PARAMS, seed=3)
+    assert plain.recorded is None
