@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -41,6 +42,9 @@ class ReferencePolicy:
 
     @torch.no_grad()
     def logprobs(self, batch: SequenceBatch, temperature: float, chunk_rows: int) -> torch.Tensor:
+        # never the policy's recorded forward: with adapters disabled the model is the same
+        # object, at the same weight versions, yet not the recorded policy
+        batch = dataclasses.replace(batch, recorded=None)
         if self.frozen is not None:
             return response_logprobs(self.frozen, batch, temperature, chunk_rows=chunk_rows)[0]
         with self.policy.disable_adapter():

@@ -50,6 +50,18 @@ def shape_of(model: nn.Module) -> tuple[tuple[int, ...], int, int]:
     return widths, len(model.model.layers), model.lm_head.out_features
 
 
+def flops_per_recorded_byte(model: nn.Module) -> float:
+    """What reading a record saves per byte it holds: each token's linear and LM-head
+    multiply-adds (2 FLOPs each) over the float32 bytes of their outputs. About ``hidden / 2``:
+    329 for SmolLM2 (576 wide), 32 for the tiny test model (64 wide, its 49,152-token
+    vocabulary dominating both)."""
+    body = model.model.layers
+    linears = [m for layer in body for m in layer.modules() if isinstance(m, nn.Linear)]
+    linears.append(model.lm_head)
+    flops = sum(2 * m.in_features * m.out_features for m in linears)
+    return flops / (4 * sum(m.out_features for m in linears))
+
+
 def record_bytes(model: nn.Module, prompts: int, prompt_width: int, group_size: int,
                  max_new: int) -> int:
     """The most memory a record of one ``generate`` call can take (every slot written)."""

@@ -27,7 +27,13 @@ from transformers import DynamicCache
 
 from postrl.models.logprobs import cache_keyword
 from postrl.models.precision import bf16_copy, sampling_dtype
-from postrl.models.recorded import RecordedForward, RecordedRows, RecordMemory, record_bytes
+from postrl.models.recorded import (
+    RecordedForward,
+    RecordedRows,
+    RecordMemory,
+    flops_per_recorded_byte,
+    record_bytes,
+)
 from postrl.rollout.base import Rollouts, SamplingParams, cat_right_padded
 from postrl.rollout.lean import LeanDecoder, LeanWeights, unsupported_reason
 from postrl.rollout.sampling import next_tokens, row_generators
@@ -35,6 +41,10 @@ from postrl.rollout.sampling import next_tokens, row_generators
 COMPACT_FRACTION = 0.25  # drop finished rows once they are this share of the running batch
 # the most of the machine's memory a recorded forward may take (at most, every slot written)
 RECORD_MEMORY_SHARE = 0.25
+# the least a recorded forward must save per byte written and read back: SmolLM2 (329 FLOPs
+# a byte) updated 32% faster reading its record; the tiny test model (32), whose forward is
+# mostly its LM head, sampled and trained 3-12% slower (docs/performance.md)
+RECORD_MIN_FLOPS_PER_BYTE = 100.0
 
 
 class HFRolloutEngine:
@@ -45,8 +55,9 @@ class HFRolloutEngine:
         ``entropies`` records the policy's entropy at every position (``Rollouts.entropies``;
         under 1% of the generation's time at SmolLM2's size); ``record_forward`` records the
         sampler's linear outputs for the update (``Rollouts.recorded``; only where the lean
-        forward samples in float32, all rows in one chunk, and the record fits
-        :data:`RECORD_MEMORY_SHARE` of the memory)."""
+        forward samples in float32, all rows in one chunk, the record fits
+        :data:`RECORD_MEMORY_SHARE` of the memory and saves at least
+        :data:`RECORD_MIN_FLOPS_PER_BYTE`)."""
         self.model = model
         self.entropies = entropies
         self.record_forward = record_forward
@@ -94,7 +105,8 @@ class HFRolloutEngine:
                  params: SamplingParams) -> bool:
         """Whether this call records its forward (see ``record_forward``)."""
         if not (self.record_forward and isinstance(model, LeanWeights)
-                and model.dtype == torch.float32 and chunk >= len(prompts)):
+                and model.dtype == torch.float32 and chunk >= len(prompts)
+                and flops_per_recorded_byte(self.model) >= RECORD_MIN_FLOPS_PER_BYTE):
             return False
         size = record_bytes(self.model, len(prompts), max(len(p) for p in prompts), group_size,
                             params.max_new_tokens)

@@ -4,14 +4,22 @@ while the weights are those it was recorded with."""
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import postrl.models.recorded as recorded_module
 from postrl.models.logprobs import SequenceBatch, response_logprobs, usable_record
-from postrl.models.recorded import parameter_versions
+from postrl.models.recorded import flops_per_recorded_byte, parameter_versions
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout import hf as hf_module
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=14)
+
+
+@pytest.fixture(autouse=True)
+def records_the_tiny_model(monkeypatch):
+    """The tiny model's forward is mostly its LM head: too little arithmetic per recorded
+    byte for a record to pay (see the last test); here it records all the same."""
+    monkeypatch.setattr(hf_module, "RECORD_MIN_FLOPS_PER_BYTE", 0.0)
 
 
 def prompts(tokenizer):
@@ -160,5 +168,22 @@ def test_the_engine_records_only_a_float32_lean_forward_in_one_chunk_that_fits(t
     assert sample(model, tokenizer, lean=False).recorded is None  # transformers' forward
     monkeypatch.setattr(hf_module, "RECORD_MEMORY_SHARE", 1e-6)
     assert sample(model, tokenizer).recorded is None
+    monkeypatch.undo()
+    assert sample(model, tokenizer).recorded is None  # too little arithmetic to pay
     plain = HFRolloutEngine(model, tokenizer).generate(prompts(tokenizer), 4, PARAMS, seed=3)
     assert plain.recorded is None
+
+
+def test_a_record_pays_where_the_model_is_wide_enough(tiny, monkeypatch):
+    """SmolLM2's forward saves 329 FLOPs per recorded byte (its record measured 32% off the
+    update), the tiny model's 32 (its record made steps slower)."""
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         tie_word_embeddings=True)
+    with torch.device("meta"):
+        smollm2 = LlamaForCausalLM(config)
+    assert flops_per_recorded_byte(smollm2) == pytest.approx(329, abs=1)
+    assert flops_per_recorded_byte(tiny[0]) == pytest.approx(32, abs=1)
+    monkeypatch.undo()  # the threshold itself
+    assert (flops_per_recorded_byte(tiny[0]) < hf_module.RECORD_MIN_FLOPS_PER_BYTE
+            < flops_per_recorded_byte(smollm2))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from postrl.models.recorded import parameter_versions
+from postrl.rollout import hf as hf_module
 from postrl.train.batch import TrainBatch, assemble
 from postrl.train.trainer import Trainer, records_entropies, records_forward
 from postrl.train.update import (
@@ -197,11 +198,13 @@ def test_a_kl_term_or_an_entropy_bonus_gives_every_row_a_gradient(tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["dr_grpo", "grpo", "gspo", "dhpo"])
-def test_the_update_reads_the_samplers_forward_and_makes_the_same_step(tmp_path, recipe):
+def test_the_update_reads_the_samplers_forward_and_makes_the_same_step(tmp_path, recipe,
+                                                                        monkeypatch):
     """One update per batch: the sampler recorded its forward (``postrl.models.recorded``)
     and the update reads it instead of multiplying (grpo: with a reference and its KL term).
     The same gradient norm, metrics and weights as the update that multiplies, and a record
     spoiled (logits scaled) changes the step: it was read."""
+    monkeypatch.setattr(hf_module, "RECORD_MIN_FLOPS_PER_BYTE", 0.0)  # the tiny model too
     trainer = Trainer(tiny_config(tmp_path, recipe, "prompts_per_step=3", "max_new_tokens=16"))
     batch = _mixed_batch(trainer)
     assert batch.recorded is not None
