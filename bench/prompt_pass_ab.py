@@ -18,7 +18,6 @@ batch both ways takes that noise out.
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 
@@ -80,7 +79,8 @@ def layers(model_spec: str, rows: int, reps: int) -> None:
 
 
 def recipes(steps: int) -> None:
-    from recipe_steps import recipe_config, recipe_names  # bench/, this script's directory
+    from ab import alternating, from_one_state  # bench/, this script's directory
+    from recipe_steps import recipe_config, recipe_names
 
     from postrl.train.trainer import Trainer
 
@@ -91,19 +91,16 @@ def recipes(steps: int) -> None:
         times: dict[bool, list[float]] = {True: [], False: []}
 
         def both_ways(batch, trainer=trainer, prepare=prepare, update=update, times=times):
-            weights = copy.deepcopy(trainer.lm.state_dict())
-            optimizer = copy.deepcopy(trainer.optimizer.state_dict())
-            ways = (True, False, False, True) if trainer.step % 2 else (False, True, True, False)
-            for i, one_pass in enumerate(ways):
-                if i:
-                    trainer.lm.load_state_dict(weights)
-                    trainer.optimizer.load_state_dict(optimizer)
+            def run(one_pass):
                 use(one_pass)
-                start = time.perf_counter()
                 prepare(batch)
-                metrics = update(batch)
-                times[one_pass].append(time.perf_counter() - start)
+                return update(batch)
+
+            ways = alternating(2, flip=trainer.step % 2 == 1)
+            step_times, metrics = from_one_state(trainer, run, ways)
             use(True)
+            for way, seconds in step_times.items():
+                times[way] += seconds
             return metrics  # the last run's: both ways give the same, up to float rounding
 
         trainer._prepare, trainer._update = (lambda batch: None), both_ways

@@ -14,7 +14,6 @@ and without recording, alternated, medians over the calls but the first two.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import statistics
 import time
@@ -23,7 +22,8 @@ from postrl.models.recorded import parameter_versions
 
 
 def update(steps: int, reps: int) -> None:
-    from vs_trl import postrl_config  # bench/, this script's directory
+    from ab import alternating, from_one_state  # bench/, this script's directory
+    from vs_trl import postrl_config
 
     from postrl.train.trainer import Trainer
 
@@ -35,23 +35,16 @@ def update(steps: int, reps: int) -> None:
 
     def both_ways(batch):
         assert batch.recorded is not None, "the sampler recorded nothing"
-        weights = copy.deepcopy(trainer.lm.state_dict())
-        optimizer = copy.deepcopy(trainer.optimizer.state_dict())
-        times: dict[bool, list[float]] = {True: [], False: []}
-        ways = [read for i in range(reps) for read in ((True, False) if i % 2 else (False, True))]
-        if not totals[True]:  # the process's first update warms up (allocations, kernels)
-            ways = [None, *ways]
-        for i, read in enumerate(ways):
-            if i:
-                trainer.lm.load_state_dict(weights)
-                trainer.optimizer.load_state_dict(optimizer)
+
+        def run(read):
             # the same weights as recorded: the record may be read again
             batch.recorded.record.versions = parameter_versions(trainer.lm)
-            start = time.perf_counter()
-            metrics = original(batch if read in (True, None)
-                               else dataclasses.replace(batch, recorded=None))
-            if read is not None:
-                times[read].append(time.perf_counter() - start)
+            return original(batch if read in (True, None)
+                            else dataclasses.replace(batch, recorded=None))
+
+        # the process's first update warms up (allocations, kernels)
+        ways = alternating(reps) if totals[True] else [None, *alternating(reps)]
+        times, metrics = from_one_state(trainer, run, ways)
         plain, recorded = (statistics.median(times[way]) for way in (False, True))
         totals[False].append(plain)
         totals[True].append(recorded)

@@ -16,7 +16,6 @@ entropies, and with :func:`without_entropy`, the sampler before it could record 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import statistics
 import time
@@ -45,7 +44,8 @@ def without_entropy(logits, params, generators, with_entropy=False):
 
 
 def update(steps: int, reps: int) -> None:
-    from vs_trl import postrl_config  # bench/, this script's directory
+    from ab import alternating, from_one_state  # bench/, this script's directory
+    from vs_trl import postrl_config
 
     from postrl.train.trainer import Trainer
 
@@ -57,20 +57,12 @@ def update(steps: int, reps: int) -> None:
           f"{'no forward s':>14}{'ratio':>7}")
 
     def both_ways(batch):
-        weights = copy.deepcopy(trainer.lm.state_dict())
-        optimizer = copy.deepcopy(trainer.optimizer.state_dict())
-        times: dict[bool, list[float]] = {True: [], False: []}
-        ways = [skip for i in range(reps) for skip in ((True, False) if i % 2 else (False, True))]
-        if not totals[True]:  # the process's first update warms up (allocations, kernels)
-            ways = [None, *ways]
-        for i, skip in enumerate(ways):
-            if i:
-                trainer.lm.load_state_dict(weights)
-                trainer.optimizer.load_state_dict(optimizer)
-            start = time.perf_counter()
-            metrics = original(batch if skip else dataclasses.replace(batch, sampler_entropy=None))
-            if skip is not None:
-                times[skip].append(time.perf_counter() - start)
+        def run(skip):
+            return original(batch if skip else dataclasses.replace(batch, sampler_entropy=None))
+
+        # the process's first update warms up (allocations, kernels)
+        ways = alternating(reps) if totals[True] else [None, *alternating(reps)]
+        times, metrics = from_one_state(trainer, run, ways)
         flat = batch.rewards.view(-1, batch.group_size)
         zero = (flat == flat[:, :1]).all(dim=1)
         tokens = int(batch.lengths.view(-1, batch.group_size)[zero].sum())

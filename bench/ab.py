@@ -1,0 +1,37 @@
+"""Two ways of one training step, timed in one process from the same state (for the A/B
+scripts beside this one: ``prompt_pass_ab.py``, ``unscored_rows_ab.py``,
+``recorded_forward_ab.py``). Whole processes differ by 10-20% on a shared VM; runs of the same
+batch from the same weights and optimizer state, alternated, do not."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def alternating(reps: int, flip: bool = False) -> list[bool]:
+    """``reps`` pairs of ways, the order swapped every pair (ABBA...); ``flip`` starts with
+    True instead of False."""
+    return [way != flip for i in range(reps) for way in ((True, False) if i % 2 else (False, True))]
+
+
+def from_one_state(trainer, run: Callable[[bool | None], Any],
+                   ways: list[bool | None]) -> tuple[dict[bool, list[float]], Any]:
+    """Seconds of ``run(way)`` for each of ``ways``, every run from the weights and optimizer
+    state ``trainer`` has now (a way of None runs untimed: a warm-up); and the last run's
+    result, whose state the trainer keeps."""
+    weights = copy.deepcopy(trainer.lm.state_dict())
+    optimizer = copy.deepcopy(trainer.optimizer.state_dict())
+    times: dict[bool, list[float]] = {True: [], False: []}
+    result = None
+    for i, way in enumerate(ways):
+        if i:
+            trainer.lm.load_state_dict(weights)
+            trainer.optimizer.load_state_dict(optimizer)
+        start = time.perf_counter()
+        result = run(way)
+        if way is not None:
+            times[way].append(time.perf_counter() - start)
+    return times, result
