@@ -101,11 +101,10 @@ class RecordedForward:
     def __init__(self, model: nn.Module, prompt_lengths: list[int], group_size: int,
                  max_new: int, memory: RecordMemory | None = None) -> None:
         widths, layers, vocab = shape_of(model)
-        self.prompt_width = max(prompt_lengths)
-        self.prompt_lengths = torch.tensor(prompt_lengths, dtype=torch.long)
+        self.prompts, self.prompt_width = len(prompt_lengths), max(prompt_lengths)
         self.group_size, self.max_new = group_size, max_new
-        self.response_start = len(prompt_lengths) * self.prompt_width
-        rows = len(prompt_lengths) * group_size
+        self.response_start = self.prompts * self.prompt_width
+        rows = self.prompts * group_size
         self.zero = self.response_start + rows * max_new  # after every slot a step can fill
         tensors = (memory or RecordMemory()).take(self, [*widths * layers, vocab], self.zero + 1)
         self.linears = [tensors[i : i + len(widths)]
@@ -136,8 +135,7 @@ class RecordedForward:
 
     def prompt_last_slots(self) -> Tensor:
         """Each prompt's last column: its logits predict the first response token."""
-        prompts = len(self.prompt_lengths)
-        return torch.arange(1, prompts + 1) * self.prompt_width - 1
+        return torch.arange(1, self.prompts + 1) * self.prompt_width - 1
 
 
 @dataclass
@@ -174,7 +172,7 @@ class RecordedRows:
         prompt's last column for the first token, else the previous response column."""
         record = self.record
         rows = self.rows[row]
-        first = (rows // record.group_size + 1) * record.prompt_width - 1
+        first = record.prompt_last_slots()[rows // record.group_size]
         return torch.where(column == 0, first, record.decode_slots(rows, column - 1))
 
     def layer(self, index: int, slots: Tensor) -> list[Tensor]:
