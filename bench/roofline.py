@@ -9,16 +9,21 @@ completions), counted as 6 * parameters * tokens (each prompt once per group), d
 measured time; also set against the matmul rate at the model's own shapes (every linear
 layer's forward and two backward matmuls at one micro-batch's token count, the LM head at one
 chunk's, each timed alone), the most the training phase could reach if it were nothing but its
-matmuls. Generation: tokens per second, and time per decode step against the time to read the
-sampling weights once at the measured memory-read rate and against the arithmetic of a decode
-step of the whole batch at the matmul peak (a decode step reads every weight once: with few rows
-that read is the bound; with 32 rows in fp32 the matmuls' arithmetic takes longer than the
-read).
+matmuls. In fp32 the update reads the sampler's recorded forward by default
+(``reuse_sampler_forward``, ``postrl/models/recorded.py``) and multiplies only in its backward
+(4 * parameters * tokens): the FLOP/s above come from a run that multiplies its forward
+(``reuse_sampler_forward=false``), and a second run, the default, is reported beside it with
+the FLOPs it performs. Generation: tokens per second, and time per decode step against the
+time to read the sampling weights once at the measured memory-read rate and against the
+arithmetic of a decode step of the whole batch at the matmul peak (a decode step reads every
+weight once: with few rows that read is the bound; with 32 rows in fp32 the matmuls'
+arithmetic takes longer than the read).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import os
 import time
@@ -27,6 +32,7 @@ from functools import partial
 import torch
 
 from postrl.models.precision import cpu_bf16_reason
+from postrl.train.trainer import records_forward
 
 
 def fastest(call, repeats: int) -> float:
@@ -81,14 +87,15 @@ def shapes_rate(model, dtype: torch.dtype, tokens: int, head_tokens: int,
     return flops / seconds / 1e9
 
 
-def training_flops(model, tokens: int) -> float:
+def training_flops(model, tokens: int, per_weight: float = 6.0) -> float:
     """6 N T: forward 2NT and backward 4NT over the weights (attention scores, a few per
-    cent at these lengths, are left out, so the achieved FLOP/s is slightly understated)."""
+    cent at these lengths, are left out, so the achieved FLOP/s is slightly understated);
+    ``per_weight=4`` for a backward alone."""
     params = sum(p.numel() for p in model.parameters())
-    return 6.0 * params * tokens
+    return per_weight * params * tokens
 
 
-def measure_postrl(model_spec: str, precision: str) -> dict:
+def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False) -> dict:
     from postrl.config import load_config
     from postrl.models.logprobs import response_logprobs
     from postrl.models.precision import sampling_dtype
@@ -98,7 +105,8 @@ def measure_postrl(model_spec: str, precision: str) -> dict:
                              "prompts_per_step=4", "group_size=8", "max_new_tokens=64",
                              "task=arithmetic", "micro_batch_size=16",  # as bench/vs_trl.py
                              "out=/tmp/postrl-roofline", "overwrite=true",
-                             f"precision={precision}"])
+                             f"precision={precision}",
+                             f"reuse_sampler_forward={str(reuse_forward).lower()}"])
     trainer = Trainer(cfg)
     micro_batches = -(-cfg.prompts_per_step * cfg.group_size // cfg.micro_batch_size)
     rows = []
@@ -115,6 +123,8 @@ def measure_postrl(model_spec: str, precision: str) -> dict:
     weight_bytes = sum(p.numel() for p in trainer.lm.parameters()) * sampling_dtype(
         precision, trainer.lm.dtype).itemsize
     return {"train_gflops": training_flops(trainer.lm, trained) / last["time/train_s"] / 1e9,
+            "backward_gflops": (training_flops(trainer.lm, trained, per_weight=4.0)
+                                / last["time/train_s"] / 1e9),
             "generate_tokens_per_s": tokens / last["time/generate_s"],
             # one forward per token of the longest response (prefill and scoring included)
             "generate_ms_per_step": 1e3 * last["time/generate_s"] / max(last["length/max"], 1),
@@ -127,7 +137,7 @@ def measure_postrl(model_spec: str, precision: str) -> dict:
             # the LM head sees chunks of chunk_rows rows at the widest response's length
             "head_tokens_per_micro_batch": min(tokens / micro_batches, last["length/max"] * (
                 inspect.signature(response_logprobs).parameters["chunk_rows"].default)),
-            "model": trainer.lm,
+            "model": trainer.lm, "config": cfg,
             "train_s": last["time/train_s"], "generate_s": last["time/generate_s"]}
 
 
@@ -167,6 +177,16 @@ def main() -> None:
               f"{result['weight_mb']:.0f} MB of weights once and "
               f"{result['decode_gflop'] / peaks[peak] * 1e3:.0f} ms for a full batch's "
               f"arithmetic at the {peak} peak)")
+        if records_forward(dataclasses.replace(result["config"], reuse_sampler_forward=True)):
+            reusing = measure_postrl(args.model, precision, reuse_forward=True)
+            print(f"postrl {precision} reading the sampler's forward (reuse_sampler_forward, "
+                  f"the default): training {reusing['train_s']:.1f} s, "
+                  f"{reusing['train_s'] / result['train_s']:.2f}x the time above (another "
+                  f"batch); its backward's multiplications at "
+                  f"{reusing['backward_gflops']:.0f} GFLOP/s "
+                  f"({reusing['backward_gflops'] / peaks[peak]:.0%} of the {peak} peak; "
+                  f"{reusing['train_gflops']:.0f} GFLOP/s counting the forward the sampler "
+                  f"ran), generation {reusing['generate_s']:.1f} s (recording)")
 
 
 if __name__ == "__main__":
