@@ -1,15 +1,17 @@
-"""The lean sampler's decode attention in float32 as two batched matmuls around a softmax,
-against PyTorch's fused attention kernel (what it ran before), alternated in one process.
+"""The lean sampler's decode attention in float32 as two batched matmuls around a softmax
+(from ``MATMUL_ATTENTION_FROM_ROWS`` running rows), against PyTorch's fused attention kernel
+at every row count (what it ran before), alternated in one process.
 
-    python bench/decode_attention_ab.py [--reps 8] [--shared]
+    python bench/decode_attention_ab.py [--reps 8] [--from-rows N]
 
 ``bench/vs_trl.py``'s first prompts (SmolLM2, fp32, 4 prompts x 8, 64 new tokens): one
 ``generate`` samples their responses, then the lean decoder is fed those same tokens each
 way ``reps`` times (ABBA order), dropping finished rows as the engine does; medians over the
 runs but the first two. (Sampling each way instead would compare other tokens: the two ways
 round differently, and one draw moved across a token's boundary changes the rest of its
-response.) ``--shared`` shares the prompts' cache columns among their samples (the cascade
-path, which the engine takes from 64 prompt tokens; the bench's prompts are shorter).
+response.) ``--from-rows`` sets the row count from which the matmuls run (default: the
+engine's). The bench's prompts are shorter than the 64 tokens from which the engine shares
+a prompt's cache columns among its samples; that path is not changed.
 """
 
 from __future__ import annotations
@@ -27,9 +29,7 @@ from postrl.rollout.hf import COMPACT_FRACTION
 
 def fused(q, keys, values, mask):
     """The attention of each row's own columns as before: PyTorch's fused kernel."""
-    if mask is not None:
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask), None
-    return lean._flash(q, keys, values)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
 
 def left_padded(prompts: list[list[int]], pad_id: int):
@@ -67,11 +67,10 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=8, help="runs of each way")
-    parser.add_argument("--shared", action="store_true",
-                        help="share the prompts' columns (the cascade path)")
+    parser.add_argument("--from-rows", type=int, default=lean.MATMUL_ATTENTION_FROM_ROWS,
+                        help="running rows from which the matmuls run")
     args = parser.parse_args()
-    if args.shared:
-        lean.SHARE_PROMPTS_FROM = 1
+    lean.MATMUL_ATTENTION_FROM_ROWS = args.from_rows
     config = postrl_config(1, seed=0)
     trainer = Trainer(config)
     engine = trainer.engine
@@ -91,7 +90,7 @@ def main() -> None:
     before, after = (statistics.median(times[way][2:]) for way in (False, True))
     print(f"decoding {int(rollouts.lengths.sum())} tokens of 32 responses (longest "
           f"{int(rollouts.lengths.max())}) after {max(len(p) for p in prompts)} prompt tokens, "
-          f"{'shared' if args.shared else 'per-row'} prompt columns, medians of "
+          f"matmuls from {args.from_rows} rows, medians of "
           f"{args.reps - 2} runs: fused kernel {before:.3f} s, matmuls {after:.3f} s "
           f"({after / before:.3f})")
 

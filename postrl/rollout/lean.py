@@ -6,9 +6,9 @@ length), a copy of keys and values repeated over each group's query heads (eager
 and seven separately dispatched matmuls per layer whose weights oneDNN reorders at every call.
 Here, once per ``generate`` call, the projections are fused (q|k|v, gate|up), cast to the
 sampling dtype and reordered into oneDNN's blocked layout; the cache is allocated once for the
-whole response, each token writes one column, and attention (in float32 two batched matmuls
-around a softmax, otherwise PyTorch's fused kernel) lets the query heads of a group read
-their shared key/value head without a repeated copy. A prompt's
+whole response, each token writes one column, and attention (PyTorch's fused kernel, or two
+batched matmuls around a softmax where those are faster) lets the query heads of a group
+read their shared key/value head without a repeated copy. A prompt's
 keys and values are stored once and read once for all its G samples (:class:`KVCache`,
 cascade attention: :func:`_with_shared_prompts`), not copied G times.
 
@@ -215,31 +215,31 @@ def _attend_decode(query: Tensor, cache: KVCache, layer: int) -> Tensor:
     q = query.view(rows, kv_heads, heads // kv_heads, dim)
     end = cache.offset + cache.length
     keys, values = cache.keys[layer, :, :, :end], cache.values[layer, :, :, :end]
-    mask = None if cache.shared else cache.row_mask[:, None, None, :end]
-    own, own_lse = _attend_rows(q, keys, values, mask)
     if not cache.shared:
-        return own.reshape(rows, -1)
+        mask = cache.row_mask[:, None, None, :end]
+        return _attend_rows(q, keys, values, mask).reshape(rows, -1)
+    own, own_lse = _flash(q, keys, values)
     return _with_shared_prompts(q, own, own_lse, cache, layer).reshape(rows, heads * dim)
 
 
-def _attend_rows(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None
-                 ) -> tuple[Tensor, Tensor | None]:
-    """Each row's queries over its own cached columns (``[rows, kv_heads, group, dim]``
-    over ``[rows, kv_heads, columns, dim]``, ``mask`` additive or None), with the log-sum-exp
-    of each query's scores when ``mask`` is None (the cascade's own part), else None.
+# Running rows from which a float32 decode step's attention is two batched matmuls around a
+# softmax rather than PyTorch's fused kernel. Measured (SmolLM2 and the tiny model, calls
+# timed alone, 50 and 150 columns): the fused kernel's blocking is built for long query
+# blocks, and at 16 or more rows of a few queries each it costs 1.1-2x the matmuls (32
+# rows, 50 columns: 0.56 against 0.26 ms); at 4-8 rows the matmuls' separate calls cost more
+# (4 rows: 86 against 125 us).
+MATMUL_ATTENTION_FROM_ROWS = 16
 
-    In float32, two batched matmuls around a softmax: with a handful of queries per row, the
-    fused kernel's blocking is overhead (SmolLM2, 32 rows of 3 heads x 3 queries over 50
-    columns: 0.56 ms a call against 0.26; docs/performance.md). Other dtypes keep the fused
-    kernel, whose softmax runs in float32."""
-    if q.dtype != torch.float32:
-        if mask is not None:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask), None
-        return _flash(q, keys, values)
-    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
-    if mask is not None:
-        return torch.matmul(torch.softmax(scores.add_(mask), dim=-1), values), None
-    return torch.matmul(torch.softmax(scores, dim=-1), values), torch.logsumexp(scores, dim=-1)
+
+def _attend_rows(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    """Each row's queries (``[rows, kv_heads, group, dim]``) over its own cached columns
+    (``[rows, kv_heads, columns, dim]``) under its additive ``mask``: by matmuls in float32
+    from :data:`MATMUL_ATTENTION_FROM_ROWS` rows, else by the fused kernel (whose softmax
+    runs in float32 where bf16 matmuls would round the scores)."""
+    if q.dtype != torch.float32 or q.shape[0] < MATMUL_ATTENTION_FROM_ROWS:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5).add_(mask)
+    return torch.matmul(torch.softmax(scores, dim=-1), values)
 
 
 def _with_shared_prompts(q: Tensor, own: Tensor, own_lse: Tensor, cache: KVCache,

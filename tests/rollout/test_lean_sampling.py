@@ -191,26 +191,19 @@ def test_without_pytorchs_attention_kernel_with_log_sum_exps_prompts_are_not_sha
                                atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("masked", [False, True], ids=["own columns", "row mask"])
-def test_float32_decode_attention_is_the_fused_kernels(masked):
-    """In float32 a decode step's attention is two batched matmuls around a softmax; it gives
-    PyTorch's fused kernel's output (and, unmasked, its log-sum-exps, which the cascade
-    over shared prompt columns weighs by), on key/value views of a longer cache as decoding
-    reads them, with padding masked out."""
+@pytest.mark.parametrize("rows", [5, lean_module.MATMUL_ATTENTION_FROM_ROWS])
+def test_float32_decode_attention_is_the_fused_kernels(rows):
+    """In float32, from ``MATMUL_ATTENTION_FROM_ROWS`` running rows, a decode step's
+    attention is two batched matmuls around a softmax; below, the fused kernel. Either gives
+    the fused kernel's output on key/value views of a longer cache, as decoding reads them,
+    with left padding masked out."""
     generator = torch.Generator().manual_seed(0)
-    rows, kv_heads, group, dim, columns = 5, 3, 3, 16, 11
+    kv_heads, group, dim, columns = 3, 3, 16, 11
     query = torch.randn(rows, kv_heads, group, dim, generator=generator)
     keys, values = (torch.randn(rows, kv_heads, columns + 4, dim, generator=generator)
                     [:, :, :columns] for _ in range(2))
-    if masked:
-        mask = torch.zeros(rows, 1, 1, columns)
-        mask[1:, ..., :3] = torch.finfo(torch.float32).min  # left padding of four rows
-        out, lse = lean_module._attend_rows(query, keys, values, mask)
-        assert lse is None
-        expected = torch.nn.functional.scaled_dot_product_attention(query, keys, values,
-                                                                    attn_mask=mask)
-    else:
-        out, lse = lean_module._attend_rows(query, keys, values, None)
-        expected, expected_lse = lean_module._flash(query, keys, values)
-        torch.testing.assert_close(lse, expected_lse)
-    torch.testing.assert_close(out, expected)
+    mask = torch.zeros(rows, 1, 1, columns)
+    mask[1:, ..., :3] = torch.finfo(torch.float32).min
+    expected = torch.nn.functional.scaled_dot_product_attention(query, keys, values,
+                                                                attn_mask=mask)
+    torch.testing.assert_close(lean_module._attend_rows(query, keys, values, mask), expected)
