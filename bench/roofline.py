@@ -108,6 +108,15 @@ def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False)
                              f"precision={precision}",
                              f"reuse_sampler_forward={str(reuse_forward).lower()}"])
     trainer = Trainer(cfg)
+    recorded = []  # whether each step's sampler recorded its forward for the update
+    generate = trainer.engine.generate
+
+    def noting_records(*args, **kwargs):
+        rollouts = generate(*args, **kwargs)
+        recorded.append(rollouts.recorded is not None)
+        return rollouts
+
+    trainer.engine.generate = noting_records
     micro_batches = -(-cfg.prompts_per_step * cfg.group_size // cfg.micro_batch_size)
     rows = []
     for _ in range(cfg.steps):
@@ -137,7 +146,7 @@ def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False)
             # the LM head sees chunks of chunk_rows rows at the widest response's length
             "head_tokens_per_micro_batch": min(tokens / micro_batches, last["length/max"] * (
                 inspect.signature(response_logprobs).parameters["chunk_rows"].default)),
-            "model": trainer.lm, "config": cfg,
+            "model": trainer.lm, "config": cfg, "recorded": recorded[-1],
             "train_s": last["time/train_s"], "generate_s": last["time/generate_s"]}
 
 
@@ -179,6 +188,9 @@ def main() -> None:
               f"arithmetic at the {peak} peak)")
         if records_forward(dataclasses.replace(result["config"], reuse_sampler_forward=True)):
             reusing = measure_postrl(args.model, precision, reuse_forward=True)
+            if not reusing["recorded"]:  # the engine's own conditions (memory, FLOPs per byte)
+                print(f"postrl {precision}: the sampler records no forward for this model")
+                continue
             print(f"postrl {precision} reading the sampler's forward (reuse_sampler_forward, "
                   f"the default): training {reusing['train_s']:.1f} s, "
                   f"{reusing['train_s'] / result['train_s']:.2f}x the time above (another "
