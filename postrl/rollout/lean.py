@@ -225,7 +225,7 @@ def _attend_decode(query: Tensor, cache: KVCache, layer: int) -> Tensor:
 # Running rows from which a float32 decode step's attention is two batched matmuls around a
 # softmax rather than PyTorch's fused kernel. Measured (SmolLM2 and the tiny model, calls
 # timed alone, 50 and 150 columns): the fused kernel's blocking is built for long query
-# blocks, and at 16 or more rows of a few queries each it costs 1.1-2x the matmuls (32
+# blocks, and at 16 or more rows of a few queries each it costs 1.07-2x the matmuls (32
 # rows, 50 columns: 0.56 against 0.26 ms); at 4-8 rows the matmuls' separate calls cost more
 # (4 rows: 86 against 125 us).
 MATMUL_ATTENTION_FROM_ROWS = 16
