@@ -191,12 +191,13 @@ def test_without_pytorchs_attention_kernel_with_log_sum_exps_prompts_are_not_sha
                                atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("rows", [5, lean_module.MATMUL_ATTENTION_FROM_ROWS])
-def test_float32_decode_attention_is_the_fused_kernels(rows):
-    """In float32, from ``MATMUL_ATTENTION_FROM_ROWS`` running rows, a decode step's
-    attention is two batched matmuls around a softmax; below, the fused kernel. Either gives
-    the fused kernel's output on key/value views of a longer cache, as decoding reads them,
-    with left padding masked out."""
+@pytest.mark.parametrize("rows", [5, 16])
+def test_float32_decode_attention_by_matmuls_is_the_fused_kernels(rows, monkeypatch):
+    """In float32 (from ``MATMUL_ATTENTION_FROM_ROWS`` running rows, here from 1) a decode
+    step's attention is two batched matmuls around a softmax; it gives the fused kernel's
+    output on key/value views of a longer cache, as decoding reads them, with left padding
+    masked out."""
+    monkeypatch.setattr(lean_module, "MATMUL_ATTENTION_FROM_ROWS", 1)
     generator = torch.Generator().manual_seed(0)
     kv_heads, group, dim, columns = 3, 3, 16, 11
     query = torch.randn(rows, kv_heads, group, dim, generator=generator)
