@@ -5,13 +5,14 @@
 Peak: the best of several large square matmuls per dtype (three sizes, ten calls each). On a
 CPU without fast bf16 matmuls (AVX2: no AVX-512 or AMX) only fp32 is measured.
 Training phase: model FLOPs of one forward+backward on bench/vs_trl.py's batch (4 prompts x 8
-completions), counted as 6 * parameters * tokens (each prompt once per group), divided by the
-measured time; also set against the matmul rate at the model's own shapes (every linear
-layer's forward and two backward matmuls at one micro-batch's token count, the LM head at one
-chunk's, each timed alone), the most the training phase could reach if it were nothing but its
-matmuls. In fp32 the update reads the sampler's recorded forward by default
-(``reuse_sampler_forward``, ``postrl/models/recorded.py``) and multiplies only in its backward
-(4 * parameters * tokens): the FLOP/s above come from a run that multiplies its forward
+completions), counted as 6 * parameters * tokens of the rows that carry a gradient (the
+others run no forward; each prompt once per group), divided by the measured time; also set
+against the matmul rate at the model's own shapes (every linear layer's forward and two
+backward matmuls at one micro-batch's token count, the LM head at one chunk's, each timed
+alone), the most the training phase could reach if it were nothing but its matmuls. In fp32
+the update reads the sampler's recorded forward by default (``reuse_sampler_forward``,
+``postrl/models/recorded.py``) and multiplies only in its backward (4 * parameters *
+tokens): the FLOP/s above come from a run that multiplies its forward
 (``reuse_sampler_forward=false``), and a second run, the default, is reported beside it with
 the FLOPs it performs. Generation: tokens per second, and time per decode step against the
 time to read the sampling weights once at the measured memory-read rate and against the
@@ -95,6 +96,28 @@ def training_flops(model, tokens: int, per_weight: float = 6.0) -> float:
     return per_weight * params * tokens
 
 
+def trained_tokens(trainer, batch) -> tuple[int, int]:
+    """``(rows, tokens)`` the update of ``batch`` runs forward and backward. Rows without a
+    gradient (groups whose rewards are all equal) run no forward with one update per batch
+    (``postrl/train/update.py``), so their tokens are not counted. Rows of a prompt share its
+    forward (``postrl/models/logprobs.py``): each prompt counts once per group, the least
+    work that can give the gradient (a prompt whose rows fall into several micro-batches
+    runs once in each, so the achieved FLOP/s is a lower bound)."""
+    from postrl.train.update import unscored_rows_possible, zero_gradient_rows
+
+    cfg = trainer.cfg
+    loss_cfg = trainer.recipe.policy_loss_config(cfg.max_new_tokens)
+    every = torch.arange(batch.rows)
+    rows = every
+    if unscored_rows_possible(trainer.recipe, loss_cfg, cfg.updates_per_batch,
+                              cfg.train_workers):
+        rows = every[~zero_gradient_rows(every, batch, loss_cfg, trainer.critic)]
+    responses = int(batch.response_mask[rows].sum())
+    groups = sorted(set((rows // batch.group_size).tolist()))
+    prompts = sum(len(batch.prompt_ids[g * batch.group_size]) for g in groups)
+    return len(rows), responses + prompts
+
+
 def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False) -> dict:
     from postrl.config import load_config
     from postrl.models.logprobs import response_logprobs
@@ -117,17 +140,19 @@ def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False)
         return rollouts
 
     trainer.engine.generate = noting_records
-    micro_batches = -(-cfg.prompts_per_step * cfg.group_size // cfg.micro_batch_size)
+    batches = []  # each step's batch, as the update gets it
+    update = trainer._update
+    trainer._update = lambda batch: batches.append(batch) or update(batch)
     rows = []
     for _ in range(cfg.steps):
         rows.append(trainer.train_step())
     last = rows[-1]
     tokens = last["rollout/tokens_generated"] - rows[-2]["rollout/tokens_generated"]
-    prompt_tokens = sum(len(p) for p in trainer.prompt_cache.values()) / len(trainer.prompt_cache)
-    # rows of a prompt share its forward (postrl/models/logprobs.py): each prompt counts once
-    # per group, the least work that can give the gradient (a prompt whose rows fall into
-    # several micro-batches runs once in each, so the achieved FLOP/s is a lower bound)
-    trained = tokens + prompt_tokens * cfg.prompts_per_step
+    trained_rows, trained = trained_tokens(trainer, batches[-1])
+    if not trained_rows:
+        raise SystemExit(f"{model_spec}: every group of the last step had equal rewards, so its "
+                         "update trained no row: no training rate to measure")
+    micro_batches = max(-(-trained_rows // cfg.micro_batch_size), 1)
     # what every decode step reads: the sampling weights
     weight_bytes = sum(p.numel() for p in trainer.lm.parameters()) * sampling_dtype(
         precision, trainer.lm.dtype).itemsize
@@ -144,7 +169,7 @@ def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False)
             # one micro-batch's rows, as its linear layers see them
             "tokens_per_micro_batch": trained / micro_batches,
             # the LM head sees chunks of chunk_rows rows at the widest response's length
-            "head_tokens_per_micro_batch": min(tokens / micro_batches, last["length/max"] * (
+            "head_tokens_per_micro_batch": min(trained / micro_batches, last["length/max"] * (
                 inspect.signature(response_logprobs).parameters["chunk_rows"].default)),
             "model": trainer.lm, "config": cfg, "recorded": recorded[-1],
             "train_s": last["time/train_s"], "generate_s": last["time/generate_s"]}
