@@ -24,23 +24,12 @@ import torch
 import torch.nn.functional as F
 
 from postrl.rollout import lean
-from postrl.rollout.hf import COMPACT_FRACTION
+from postrl.rollout.hf import COMPACT_FRACTION, left_padded
 
 
 def fused(q, keys, values, mask):
     """The attention of each row's own columns as before: PyTorch's fused kernel."""
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-
-
-def left_padded(prompts: list[list[int]], pad_id: int):
-    """``(ids, attention, positions)`` of left-padded prompts, as the engine lays them out."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        ids[i, width - len(prompt):] = torch.tensor(prompt)
-        attention[i, width - len(prompt):] = 1
-    return ids, attention, (attention.cumsum(dim=1) - 1).clamp(min=0)
 
 
 def decode(weights, prompts, group: int, max_new: int, responses, lengths, pad_id: int) -> None:
@@ -59,10 +48,9 @@ def decode(weights, prompts, group: int, max_new: int, responses, lengths, pad_i
 
 
 def main() -> None:
-    from ab import alternating  # bench/, this script's directory
+    from ab import alternating, first_prompt_ids  # bench/, this script's directory
     from vs_trl import GROUP, MAX_NEW, postrl_config
 
-    from postrl.tasks import build_prompt
     from postrl.train.trainer import Trainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -71,12 +59,9 @@ def main() -> None:
                         help="running rows from which the matmuls run")
     args = parser.parse_args()
     lean.MATMUL_ATTENTION_FROM_ROWS = args.from_rows
-    config = postrl_config(1, seed=0)
-    trainer = Trainer(config)
+    trainer = Trainer(postrl_config(1, seed=0))
     engine = trainer.engine
-    prompts = [trainer._prompt_ids(e.id, build_prompt(trainer.tokenizer, e.question,
-                                                       config.system_prompt))
-               for e in trainer.sampler.take(4)]
+    prompts = first_prompt_ids(trainer)
     rollouts = engine.generate(prompts, GROUP, trainer.sampling, seed=0)
     weights = lean.LeanWeights.of(trainer.lm, torch.float32, len(rollouts.lengths))
     matmuls = lean._attend_rows

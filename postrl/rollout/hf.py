@@ -157,16 +157,10 @@ class HFRolloutEngine:
 
     def _sample(self, prefill, model, prompts: list[list[int]], group_size: int,
                 params: SamplingParams, generators: list[torch.Generator]):
-        prompt_len = max(len(r) for r in prompts)
-        input_ids = torch.full((len(prompts), prompt_len), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), prompt_len), dtype=torch.long)
-        for i, row in enumerate(prompts):  # left padding keeps every row's last token aligned
-            input_ids[i, prompt_len - len(row):] = torch.tensor(row)
-            attention[i, prompt_len - len(row):] = 1
         device = model_device(model)  # the loop's tensors live with the weights (CPU or GPU)
-        input_ids, attention = input_ids.to(device), attention.to(device)
+        input_ids, attention, positions = (t.to(device)
+                                           for t in left_padded(prompts, self.pad_id))
         eos_ids = self.eos_ids.to(device)
-        positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         steps = params.max_new_tokens
         logits, decoder = prefill(model, input_ids, attention, positions, group_size, steps)
         next_position = positions[:, -1].repeat_interleave(group_size, dim=0) + 1
@@ -214,6 +208,19 @@ class HFRolloutEngine:
             if any(s in text for s in stop):
                 alive[i] = False
                 reasons[int(running[i])] = "stop"
+
+
+def left_padded(prompts: list[list[int]], pad_id: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention, positions)`` ``[prompts, P]`` of prompts padded on the left,
+    which keeps every prompt's last token in the last column."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, width - len(prompt):] = torch.tensor(prompt)
+        attention[i, width - len(prompt):] = 1
+    return input_ids, attention, (attention.cumsum(dim=1) - 1).clamp(min=0)
 
 
 def physical_memory_bytes() -> int:

@@ -11,6 +11,7 @@ from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.policy import apply_lora
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout import lean as lean_module
+from postrl.rollout.hf import left_padded
 from postrl.rollout.lean import LeanDecoder, LeanWeights, unsupported_reason
 
 
@@ -134,16 +135,6 @@ def test_without_onednn_the_lean_forward_uses_plain_matmuls(tiny, monkeypatch):
     assert_same_rollouts(packed, plain, 1e-5)
 
 
-def left_padded(texts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention, positions)`` as the engine lays prompts out."""
-    width = max(len(t) for t in texts)
-    input_ids = torch.zeros((len(texts), width), dtype=torch.long)
-    attention = torch.zeros((len(texts), width), dtype=torch.long)
-    for i, t in enumerate(texts):
-        input_ids[i, width - len(t):], attention[i, width - len(t):] = torch.tensor(t), 1
-    return input_ids, attention, (attention.cumsum(dim=1) - 1).clamp(min=0)
-
-
 @pytest.mark.parametrize("group", [3, 1])
 def test_each_decode_step_is_the_policys_forward_as_rows_leave(tiny, group):
     """While all of a prompt's samples run they read its keys and values from one shared
@@ -152,7 +143,7 @@ def test_each_decode_step_is_the_policys_forward_as_rows_leave(tiny, group):
     model, tokenizer = tiny
     texts, steps = prompts(tokenizer), 6
     weights = LeanWeights.of(model, torch.float32, rows=len(texts) * group)
-    decoder = LeanDecoder(weights, *left_padded(texts), group, steps, share_from=1)
+    decoder = LeanDecoder(weights, *left_padded(texts, 0), group, steps, share_from=1)
     assert decoder.cache.shared == (group > 1)
     rows = list(range(len(texts) * group))  # original row of each running row
     history = {r: [] for r in rows}
@@ -181,9 +172,9 @@ def test_without_pytorchs_attention_kernel_with_log_sum_exps_prompts_are_not_sha
     model, tokenizer = tiny
     texts = prompts(tokenizer)
     weights = LeanWeights.of(model, torch.float32, rows=len(texts) * 2)
-    shared = LeanDecoder(weights, *left_padded(texts), 2, 4, share_from=1)
+    shared = LeanDecoder(weights, *left_padded(texts, 0), 2, 4, share_from=1)
     monkeypatch.setattr(lean_module, "_flash_available", lambda: False)
-    copied = LeanDecoder(weights, *left_padded(texts), 2, 4, share_from=1)
+    copied = LeanDecoder(weights, *left_padded(texts, 0), 2, 4, share_from=1)
     assert shared.cache.shared and not copied.cache.shared
     tokens = torch.arange(6) + 10
     positions = torch.tensor([len(t) for t in texts]).repeat_interleave(2)
