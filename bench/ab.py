@@ -1,7 +1,8 @@
-"""Two ways of one training step, timed in one process from the same state (for the A/B
-scripts beside this one: ``prompt_pass_ab.py``, ``unscored_rows_ab.py``,
-``recorded_forward_ab.py``). Whole processes differ by 10-20% on a shared VM; runs of the same
-batch from the same weights and optimizer state, alternated, do not."""
+"""Two ways of one training step, timed in one process from the same state, and the prompts
+a trainer samples first (for the A/B scripts beside this one: ``prompt_pass_ab.py``,
+``unscored_rows_ab.py``, ``recorded_forward_ab.py``, ``decode_attention_ab.py``). Whole
+processes differ by 10-20% on a shared VM; runs of the same batch from the same weights and
+optimizer state, alternated, do not."""
 
 from __future__ import annotations
 
@@ -35,3 +36,13 @@ def from_one_state(trainer, run: Callable[[bool | None], Any],
         if way is not None:
             times[way].append(time.perf_counter() - start)
     return times, result
+
+
+def first_prompt_ids(trainer, count: int = 4) -> list[list[int]]:
+    """The token ids of the next ``count`` prompts ``trainer``'s sampler hands out, as its
+    own steps build them (the task's chat prompt, the run's system prompt)."""
+    from postrl.tasks import build_prompt
+
+    return [trainer._prompt_ids(e.id, build_prompt(trainer.tokenizer, e.question,
+                                                   trainer.cfg.system_prompt))
+            for e in trainer.sampler.take(count)]

@@ -60,17 +60,14 @@ def update(steps: int, reps: int) -> None:
 
 
 def sampler(reps: int) -> None:
+    from ab import first_prompt_ids  # bench/, this script's directory
     from vs_trl import postrl_config
 
-    from postrl.tasks import build_prompt
     from postrl.train.trainer import Trainer
 
-    config = postrl_config(1, seed=0)
-    trainer = Trainer(config)
+    trainer = Trainer(postrl_config(1, seed=0))
     engine = trainer.engine
-    prompts = [trainer._prompt_ids(e.id, build_prompt(trainer.tokenizer, e.question,
-                                                       config.system_prompt))
-               for e in trainer.sampler.take(4)]
+    prompts = first_prompt_ids(trainer)
     times: dict[bool, list[float]] = {True: [], False: []}
     for i in range(reps):
         for record in ((True, False) if i % 2 else (False, True)):

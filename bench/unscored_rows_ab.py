@@ -86,7 +86,8 @@ def update(steps: int, reps: int) -> None:
 
 
 def sampler(model: str, reps: int) -> None:
-    from postrl.tasks import build_prompt
+    from ab import first_prompt_ids  # bench/, this script's directory
+
     from postrl.train.trainer import Trainer
 
     if model == "tiny":
@@ -99,9 +100,7 @@ def sampler(model: str, reps: int) -> None:
         config = postrl_config(1, seed=0)
     trainer = Trainer(config)
     engine = trainer.engine
-    prompts = [trainer._prompt_ids(e.id, build_prompt(trainer.tokenizer, e.question,
-                                                       config.system_prompt))
-               for e in trainer.sampler.take(4)]
+    prompts = first_prompt_ids(trainer)
     ways = {"before": (without_entropy, False), "without entropies": (next_tokens, False),
             "with entropies": (next_tokens, True)}
     times: dict[str, list[float]] = {way: [] for way in ways}
