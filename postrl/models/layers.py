@@ -20,10 +20,12 @@ model's own, so gradients land on the model's parameters.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
 import torch
+import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -95,9 +97,12 @@ def body(model, input_ids: Tensor, position_ids: Tensor, bias: Tensor,
     ``input_ids [B, L]`` after ``past`` (``P`` columns per row, or none); ``bias [B, 1, L,
     P + L]`` is additive (0 where a column may attend). ``compiled``: each layer runs the
     ``torch.compile``d layer function when gradients are on (one graph serves every layer, with
-    dynamic lengths; forwards without gradients stay eager rather than compile again)."""
+    dynamic lengths; forwards without gradients, and micro-batches with a size of 1, stay eager
+    rather than compile again: :func:`_compiled`)."""
     inner = model.model
-    layer_fn = _compiled_layer() if compiled and torch.is_grad_enabled() else _layer
+    sizes = (*input_ids.shape, *(() if past is None else past.keys[0].shape[2:3]))
+    layer_fn = (_compiled_layer() if compiled and torch.is_grad_enabled()
+                and _compile_sizes(*sizes) else _layer)
     hidden = inner.embed_tokens(input_ids)
     cos, sin = (t[:, None] for t in inner.rotary_emb(hidden, position_ids))  # [B, 1, L, d]
     keys, values = [], []
@@ -126,7 +131,8 @@ def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, promp
     the layers then run eagerly."""
     inner = model.model
     layer_fn = (_compiled_pair_layer() if compiled and torch.is_grad_enabled()
-                and recorded is None else _pair_layer)
+                and recorded is None and _compile_sizes(*prompt_ids.shape, *input_ids.shape)
+                else _pair_layer)
     prompt_hidden = inner.embed_tokens(prompt_ids)
     hidden = inner.embed_tokens(input_ids)
     prompt_angles = tuple(t[:, None] for t in inner.rotary_emb(prompt_hidden, prompt_positions))
@@ -140,6 +146,29 @@ def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, promp
     flat = inner.norm(flat)
     split = prompt_ids.numel()
     return flat[:split].view(prompt_hidden.shape), flat[split:].view(hidden.shape)
+
+
+def _compiled(layer_fn):
+    """``layer_fn`` under ``torch.compile`` with every size symbolic: one graph for every
+    micro-batch whose sizes are all 2 or more. Dynamo would otherwise equate sizes that happen
+    to be equal when it traces (rows and tokens, say) and compile again at the first call where
+    they differ (``use_duck_shape``); sizes of 0 or 1 it always specialises (callers run those
+    micro-batches eagerly: :func:`_compile_sizes`)."""
+    compiled = torch.compile(layer_fn, dynamic=True)
+    # a private setting of PyTorch's (2.13): where a release drops it, compile as it would
+    unduck = (functools.partial(fx_config.patch, use_duck_shape=False)
+              if hasattr(fx_config, "use_duck_shape") else contextlib.nullcontext)
+
+    def run(*args, **kwargs):
+        with unduck():
+            return compiled(*args, **kwargs)
+
+    return run
+
+
+def _compile_sizes(*sizes: int) -> bool:
+    """Whether a micro-batch of these sizes runs the compiled layer: none is 0 or 1."""
+    return min(sizes) >= 2
 
 
 def causal_bias(attention_mask: Tensor, dtype: torch.dtype, queries: int | None = None
@@ -157,7 +186,7 @@ def causal_bias(attention_mask: Tensor, dtype: torch.dtype, queries: int | None 
 
 @functools.cache
 def _compiled_layer():
-    return torch.compile(_layer, dynamic=True)
+    return _compiled(_layer)
 
 
 def _layer(layer, hidden: Tensor, cos: Tensor, sin: Tensor, bias: Tensor,
@@ -178,7 +207,7 @@ def _layer(layer, hidden: Tensor, cos: Tensor, sin: Tensor, bias: Tensor,
 
 @functools.cache
 def _compiled_pair_layer():
-    return torch.compile(_pair_layer, dynamic=True)
+    return _compiled(_pair_layer)
 
 
 def _pair_layer(layer, flat: Tensor, shapes, prompt_angles, angles, prompt_bias: Tensor,

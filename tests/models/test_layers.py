@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from postrl.config import load_config
 from postrl.models import layers
@@ -32,7 +33,7 @@ def scored(model, batch, monkeypatch, own_layers: bool, compile_layers: bool = F
     model.zero_grad(set_to_none=True)
     logp, entropy = response_logprobs(model, batch, temperature=0.7, with_entropy=True,
                                       compile_layers=compile_layers)
-    (logp * torch.arange(1, 7)[:, None]).sum().backward()
+    (logp * torch.arange(1, len(logp) + 1)[:, None]).sum().backward()
     monkeypatch.undo()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
@@ -106,6 +107,39 @@ def test_compiled_layers_give_transformers_logprobs_and_gradients(tiny, monkeypa
         response_logprobs(model, shared_batch(tokenizer, share_prompts=False),
                           compile_layers=True)
     assert calls == []
+
+
+def other_sizes(tokenizer, prompts: int) -> SequenceBatch:
+    """``prompts`` prompts, three rows each, of 4, 1 and 3 response tokens (two of them fit
+    in one packed row)."""
+    texts = ["What is 2 + 3?", "Subtract four from nine.", "Double six, then add one."][:prompts]
+    prompt_ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts for _ in "abc"]
+    rows = len(prompt_ids)
+    responses = torch.randint(5, 100, (rows, 4), generator=torch.Generator().manual_seed(1))
+    mask = torch.arange(4)[None] < torch.tensor([4, 1, 3] * prompts)[:, None]
+    return SequenceBatch.build(prompt_ids, responses, mask, tokenizer.pad_token_id)
+
+
+def test_compiled_layers_compile_once_for_every_size(tiny, monkeypatch):
+    """After its first compile, the compiled layer serves other sizes without compiling
+    again. ``shared_batch`` has as many rows as packed response tokens (6), which dynamo
+    would have made one size and recompiled at the first batch where they differ; a
+    micro-batch of a single prompt, whose size of 1 dynamo would specialise, runs eagerly and
+    still gives transformers' log-probs."""
+    model, tokenizer = tiny
+    calls = counting_compiled_layer(monkeypatch)
+    scored(model, shared_batch(tokenizer), monkeypatch, own_layers=True, compile_layers=True)
+    graphs = counters["stats"]["unique_graphs"]  # the first compile (or an earlier test's)
+    calls = counting_compiled_layer(monkeypatch)
+    scored(model, other_sizes(tokenizer, 3), monkeypatch, own_layers=True, compile_layers=True)
+    assert calls == ["_compiled_pair_layer"] * len(model.model.layers)
+    assert counters["stats"]["unique_graphs"] == graphs
+    calls = counting_compiled_layer(monkeypatch)
+    single = other_sizes(tokenizer, 1)
+    ours = scored(model, single, monkeypatch, own_layers=True, compile_layers=True)
+    assert calls == [] and counters["stats"]["unique_graphs"] == graphs
+    theirs = scored(model, single, monkeypatch, own_layers=False)
+    torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=0)
 
 
 def test_torch_compile_option_reaches_the_training_forward(tiny, monkeypatch, tmp_path):
