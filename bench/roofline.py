@@ -109,8 +109,7 @@ def trained_tokens(trainer, batch) -> tuple[int, int]:
     loss_cfg = trainer.recipe.policy_loss_config(cfg.max_new_tokens)
     every = torch.arange(batch.rows)
     rows = every
-    if unscored_rows_possible(trainer.recipe, loss_cfg, cfg.updates_per_batch,
-                              cfg.train_workers):
+    if unscored_rows_possible(trainer.recipe, loss_cfg, cfg.updates_per_batch):
         rows = every[~zero_gradient_rows(every, batch, loss_cfg, trainer.critic)]
     responses = int(batch.response_mask[rows].sum())
     groups = sorted(set((rows // batch.group_size).tolist()))

@@ -50,7 +50,10 @@ class DDPReplica(Replica):
 
 class FSDPReplica(DDPReplica):
     """As :class:`DDPReplica`, over FSDP2 modules: the gradient reduce-scatter runs on the
-    last micro-batch of a step only."""
+    last micro-batch of a step only. Every forward gathers the weights from all ranks, so
+    every rank must run as many as the others."""
+
+    forwards_must_match = True
 
     def accumulating(self, last: bool):
         for module in self.modules:

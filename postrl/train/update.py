@@ -110,6 +110,9 @@ class Replica:
 
     rank: int = 0
     size: int = 1
+    # whether every replica must run as many forwards as the others (FSDP2's gather the
+    # weights together); DDP's need not (``postrl.distributed.parallel.replicate``)
+    forwards_must_match: bool = False
 
     def accumulating(self, last: bool) -> AbstractContextManager:
         """Around each micro-batch: gradients synchronise only on the last one."""
@@ -311,18 +314,25 @@ def _gradient_split(rows: Tensor, batch: TrainBatch, loss_cfg: PolicyLossConfig,
     not at all, their diagnostics known without a forward (:func:`unscored_diagnostics`).
     Rows without a response token add nothing to any diagnostic and are in none of the
     three. When no row has a gradient one still runs backward: its zero gradient is what the
-    optimizer would have seen (momentum and weight decay still step). One process only:
-    data-parallel replicas must all run the same backwards."""
+    optimizer would have seen (momentum and weight decay still step).
+
+    Data-parallel replicas each hold the whole batch and split the trained rows between them
+    (:func:`replica_micro_batches`). Under DDP they leave out rows that run not at all, whose
+    diagnostics replica 0 adds; their shares of the rest may differ by a row, and so may
+    their numbers of micro-batches. Forward-only rows would be another such split, not done;
+    under FSDP2, whose replicas must run equal numbers of forwards, every row trains."""
     none = rows[:0]
-    if not (settings.forward_only_zero_gradient and settings.train_policy and replica.size == 1):
+    stands_in = sampler_stands_in(batch)
+    if not (settings.forward_only_zero_gradient and settings.train_policy
+            and (replica.size == 1 or (stands_in and not replica.forwards_must_match))):
         return rows, none, none
     zero = zero_gradient_rows(rows, batch, loss_cfg, models.critic)
     if zero.all():
         zero[int(batch.lengths[rows].argmin())] = False  # the cheapest backward
     idle = rows[zero]
     idle = idle[batch.response_mask[idle].any(dim=1)]
-    if sampler_stands_in(batch):
-        return rows[~zero], none, idle
+    if stands_in:
+        return rows[~zero], none, idle if replica.rank == 0 else none
     return rows[~zero], idle, none
 
 
@@ -334,16 +344,17 @@ def sampler_stands_in(batch: TrainBatch) -> bool:
 
 
 def unscored_rows_possible(recipe: Recipe, loss_cfg: PolicyLossConfig, updates_per_batch: int,
-                           train_workers: int) -> bool:
+                           forwards_must_match: bool = False) -> bool:
     """Whether a run's updates can leave rows out entirely (:func:`sampler_stands_in`), as
-    far as its configuration tells: one process, one update per batch, no reference, no
-    critic, no KL or entropy term in the loss (:func:`advantage_terms_only`), and groups
-    without variance reach the update (no dynamic sampling). The trainer asks the sampler
-    for its entropies only then: recording them costs under 1% of the generation at
-    SmolLM2's size and 5-8% at the tiny model's (``bench/unscored_rows_ab.py sampler``)."""
-    return (advantage_terms_only(loss_cfg, recipe.critic) and train_workers == 1
-            and updates_per_batch == 1 and not recipe.needs_reference
-            and not recipe.dynamic_sampling)
+    far as its configuration tells: one update per batch, no reference, no critic, no KL or
+    entropy term in the loss (:func:`advantage_terms_only`), groups without variance reach
+    the update (no dynamic sampling), and the replicas need not run equal numbers of forwards
+    (:attr:`Replica.forwards_must_match`: FSDP2). The trainer asks the sampler for its
+    entropies only then: recording them costs under 1% of the generation at SmolLM2's size
+    and 5-8% at the tiny model's (``bench/unscored_rows_ab.py sampler``)."""
+    return (advantage_terms_only(loss_cfg, recipe.critic) and updates_per_batch == 1
+            and not recipe.needs_reference and not recipe.dynamic_sampling
+            and not forwards_must_match)
 
 
 def unscored_diagnostics(batch: TrainBatch, rows: Tensor, loss_cfg: PolicyLossConfig,

@@ -19,7 +19,7 @@ import postrl  # noqa: E402
 from postrl.cli import main  # noqa: E402
 from postrl.config import load_config  # noqa: E402
 from postrl.distributed.failures import WorkerError  # noqa: E402
-from postrl.train.trainer import Trainer  # noqa: E402
+from postrl.train.trainer import Trainer, records_entropies  # noqa: E402
 from postrl.train.update import (  # noqa: E402
     TokenScorer,
     Trainable,
@@ -91,20 +91,27 @@ def max_moment_diff(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> float
 
 # FSDP2: sharded parameters and AdamW moments; save_every=3 pulls the moments to the driver
 FSDP2 = ("train_parallel=fsdp2", "save_every=3")
+# one update per batch, groups without variance: the workers split the rows with a gradient
+# and leave the others out (their diagnostics from the sampler's entropies)
+ONE_UPDATE = ("epochs=1", "minibatches=1", f"rewards=[{REWARDS}:parity_on_odd_answers]")
 
 
 @pytest.mark.parametrize("recipe, scaling", [("grpo", "ddp+broadcast"), ("ppo", "ddp"),
-                                             ("grpo", "fsdp2")])
+                                             ("grpo", "fsdp2"), ("dr_grpo", "ddp, one update")])
 def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, scaling, grpo_on_ray):
-    single = Trainer(load_config(None, options(tmp_path / "single", recipe)))
+    both = ONE_UPDATE if scaling == "ddp, one update" else ()
+    single = Trainer(load_config(None, options(tmp_path / "single", recipe, *both)))
     single.train()
     if scaling == "ddp+broadcast":
         out, distributed = grpo_on_ray
     else:
         out = tmp_path / "ray"
         extra = FSDP2 if scaling == "fsdp2" else ()
-        distributed = Trainer(load_config(None, options(out, recipe, *RAY, *extra)))
+        distributed = Trainer(load_config(None, options(out, recipe, *RAY, *extra, *both)))
         distributed.train()
+        if both:  # the path is taken (tests/train/test_update.py shows which rows run)
+            assert records_entropies(distributed.cfg, distributed.recipe)
+            assert any(r["batch/zero_variance_frac"] > 0 for r in metrics(out))
     assert completions(out) == completions(tmp_path / "single")
     expected, got = metrics(tmp_path / "single"), metrics(out)
     assert [r["step"] for r in got] == [1, 2, 3]

@@ -12,9 +12,11 @@ from postrl.rollout import hf as hf_module
 from postrl.train.batch import TrainBatch, assemble
 from postrl.train.trainer import Trainer, records_entropies, records_forward
 from postrl.train.update import (
+    Replica,
     TokenScorer,
     Trainable,
     UpdateSettings,
+    merge_replicas,
     prompt_grouped,
     round_metrics,
     run_updates,
@@ -169,11 +171,54 @@ def test_with_one_update_per_batch_rows_without_a_gradient_run_not_at_all(tmp_pa
             torch.testing.assert_close(state[name], value, atol=1e-6, rtol=1e-5)
 
 
+class Rank(Replica):
+    """Replica ``rank`` of ``size`` without a process group: its gradients stay its own (a
+    DDP all-reduce would average them)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+
+
+def test_on_two_replicas_rows_without_a_gradient_run_not_at_all(tmp_path):
+    """Data-parallel replicas split the rows with a gradient and leave out the others, whose
+    diagnostics replica 0 adds: the two replicas' gradients average to one process's with a
+    backward through every row, and their merged diagnostics are its diagnostics."""
+    trainer = Trainer(tiny_config(tmp_path, "dr_grpo", "prompts_per_step=3",
+                                  "max_new_tokens=16"))
+    batch = _mixed_batch(trainer)
+    settings = UpdateSettings(epochs=1, minibatches=1, micro_batch_size=3, temperature=1.0,
+                              max_grad_norm=None, pad_id=trainer.engine.pad_id)
+    outcomes = []
+    for replica, skip in ((Rank(0, 1), False), (Rank(0, 2), True), (Rank(1, 2), True)):
+        lm = copy.deepcopy(trainer.lm).train()
+        scorer = TokenScorer(lm, tied_grads_in_place=True)
+        scored = []
+        scorer.register_forward_hook(
+            lambda _, args, __, scored=scored: scored.append(args[0].input_ids.shape[0]))
+        optimizer = torch.optim.SGD(lm.parameters(), lr=0.0)
+        results = run_updates(Trainable(scorer, optimizer), batch, trainer.recipe,
+                              trainer.loss_cfg,
+                              dataclasses.replace(settings, forward_only_zero_gradient=skip),
+                              [torch.arange(batch.rows)], replica)
+        outcomes.append((results, {n: p.grad for n, p in lm.named_parameters()}, sum(scored)))
+    (full, full_grads, full_rows), (first, grads0, rows0), (second, grads1, rows1) = outcomes
+    assert (full_rows, rows0 + rows1) == (12, 7)  # the 7 rows with a gradient, split 4 + 3
+    for name, grad in full_grads.items():
+        torch.testing.assert_close((grads0[name] + grads1[name]) / 2, grad, atol=1e-6,
+                                   rtol=1e-5, msg=name)
+    want = full[0].diagnostics.finish()
+    have = merge_replicas([first, second])[0].diagnostics.finish()
+    assert have.keys() == want.keys()
+    for key, value in want.items():
+        assert have[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
 @pytest.mark.parametrize(("recipe", "options", "records"), [
     ("dr_grpo", [], True), ("gspo", [], True), ("rloo", [], True),
     ("dr_grpo", ["epochs=2"], False),  # old log-probs: ratios away from 1
     ("dr_grpo", ["minibatches=2"], False),
-    ("dr_grpo", ["train_workers=2", "launcher=ray"], False),
+    ("dr_grpo", ["train_workers=2", "launcher=ray"], True),  # DDP: shares of the rest
+    ("dr_grpo", ["train_workers=2", "launcher=ray", "train_parallel=fsdp2"], False),
     ("grpo", [], False),  # a KL term: every row has a gradient
     ("ppo", [], False),  # a critic
     # dynamic sampling: no group without variance reaches the update
