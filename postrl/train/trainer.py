@@ -383,8 +383,7 @@ def records_entropies(cfg: TrainConfig, recipe: Recipe) -> bool:
     """Whether the sampler records its entropies for this run: only where the update can
     stand them in for the forward of rows without a gradient."""
     return unscored_rows_possible(recipe, recipe.policy_loss_config(cfg.max_new_tokens),
-                                  cfg.updates_per_batch,
-                                  cfg.train_workers > 1 and cfg.train_parallel == "fsdp2")
+                                  cfg.updates_per_batch)
 
 
 def records_forward(cfg: TrainConfig) -> bool:

@@ -111,7 +111,8 @@ class Replica:
     rank: int = 0
     size: int = 1
     # whether every replica must run as many forwards as the others (FSDP2's gather the
-    # weights together); DDP's need not (``postrl.distributed.parallel.replicate``)
+    # weights together: :func:`replica_micro_batches` pads); DDP's need not
+    # (``postrl.distributed.parallel.replicate``)
     forwards_must_match: bool = False
 
     def accumulating(self, last: bool) -> AbstractContextManager:
@@ -190,16 +191,25 @@ def zero_gradient_rows(rows: Tensor, batch: TrainBatch, loss_cfg: PolicyLossConf
 
 
 def replica_micro_batches(rows: Tensor, rank: int, size: int, micro_batch_size: int,
-                          order=None) -> list[tuple[Tensor, float]]:
+                          order=None, equal_counts: bool = False) -> list[tuple[Tensor, float]]:
     """``(rows, weight)`` of the micro-batches replica ``rank`` of ``size`` runs for one
     minibatch: its contiguous share, reordered by ``order`` (e.g. :func:`length_sorted`), in
     micro-batches. A replica whose share is empty runs one row with weight 0 (no gradient, no
-    diagnostics), so that every replica takes part in the gradient all-reduce."""
-    share = torch.tensor_split(rows, size)[rank]
+    diagnostics), so that every replica takes part in the gradient all-reduce. Shares differ
+    by up to a row, and so may their numbers of micro-batches; ``equal_counts`` (FSDP2, whose
+    every forward is a collective: :attr:`Replica.forwards_must_match`) pads each replica's
+    up to the most with such weight-0 rows."""
+    shares = torch.tensor_split(rows, size)
+    share = shares[rank]
     if not len(share):
-        return [(rows[:1], 0.0)]
-    share = order(share) if order is not None else share
-    return [(micro, 1.0) for micro in torch.split(share, micro_batch_size)]
+        micros = [(rows[:1], 0.0)]
+    else:
+        share = order(share) if order is not None else share
+        micros = [(micro, 1.0) for micro in torch.split(share, micro_batch_size)]
+    if equal_counts:
+        most = max(max(-(-len(s) // micro_batch_size), 1) for s in shares)
+        micros += [(rows[:1], 0.0)] * (most - len(micros))
+    return micros
 
 
 def average_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
@@ -265,7 +275,8 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
     trained, scored, unscored = _gradient_split(rows, batch, loss_cfg, models, settings, replica)
     micros = replica_micro_batches(trained, replica.rank, replica.size,
                                    settings.micro_batch_size,
-                                   order=lambda share: arrange(share, batch))
+                                   order=lambda share: arrange(share, batch),
+                                   equal_counts=replica.forwards_must_match)
     micros = [(micro, weight, True) for micro, weight in micros] + [
         (micro, 1.0, False) for micro in torch.split(arrange(scored, batch),
                                                      settings.micro_batch_size) if len(micro)]
@@ -317,14 +328,13 @@ def _gradient_split(rows: Tensor, batch: TrainBatch, loss_cfg: PolicyLossConfig,
     optimizer would have seen (momentum and weight decay still step).
 
     Data-parallel replicas each hold the whole batch and split the trained rows between them
-    (:func:`replica_micro_batches`). Under DDP they leave out rows that run not at all, whose
-    diagnostics replica 0 adds; their shares of the rest may differ by a row, and so may
-    their numbers of micro-batches. Forward-only rows would be another such split, not done;
-    under FSDP2, whose replicas must run equal numbers of forwards, every row trains."""
+    (:func:`replica_micro_batches`), and leave out rows that run not at all, whose
+    diagnostics replica 0 adds. Forward-only rows would need a split of their own; there
+    every row trains."""
     none = rows[:0]
     stands_in = sampler_stands_in(batch)
     if not (settings.forward_only_zero_gradient and settings.train_policy
-            and (replica.size == 1 or (stands_in and not replica.forwards_must_match))):
+            and (replica.size == 1 or stands_in)):
         return rows, none, none
     zero = zero_gradient_rows(rows, batch, loss_cfg, models.critic)
     if zero.all():
@@ -343,18 +353,16 @@ def sampler_stands_in(batch: TrainBatch) -> bool:
     return batch.old_logp is None and batch.ref_logp is None and batch.sampler_entropy is not None
 
 
-def unscored_rows_possible(recipe: Recipe, loss_cfg: PolicyLossConfig, updates_per_batch: int,
-                           forwards_must_match: bool = False) -> bool:
+def unscored_rows_possible(recipe: Recipe, loss_cfg: PolicyLossConfig,
+                           updates_per_batch: int) -> bool:
     """Whether a run's updates can leave rows out entirely (:func:`sampler_stands_in`), as
     far as its configuration tells: one update per batch, no reference, no critic, no KL or
-    entropy term in the loss (:func:`advantage_terms_only`), groups without variance reach
-    the update (no dynamic sampling), and the replicas need not run equal numbers of forwards
-    (:attr:`Replica.forwards_must_match`: FSDP2). The trainer asks the sampler for its
-    entropies only then: recording them costs under 1% of the generation at SmolLM2's size
-    and 5-8% at the tiny model's (``bench/unscored_rows_ab.py sampler``)."""
+    entropy term in the loss (:func:`advantage_terms_only`), and groups without variance
+    reach the update (no dynamic sampling); on one process or several. The trainer asks the
+    sampler for its entropies only then: recording them costs under 1% of the generation at
+    SmolLM2's size and 5-8% at the tiny model's (``bench/unscored_rows_ab.py sampler``)."""
     return (advantage_terms_only(loss_cfg, recipe.critic) and updates_per_batch == 1
-            and not recipe.needs_reference and not recipe.dynamic_sampling
-            and not forwards_must_match)
+            and not recipe.needs_reference and not recipe.dynamic_sampling)
 
 
 def unscored_diagnostics(batch: TrainBatch, rows: Tensor, loss_cfg: PolicyLossConfig,

@@ -127,12 +127,15 @@ def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, scal
         assert max_moment_diff(single.optimizer, distributed.optimizer) < TOLERANCE
 
 
-def test_uneven_and_empty_shares_give_the_update_of_one_process(tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_uneven_and_empty_shares_give_the_update_of_one_process(tmp_path, parallel):
     """One fixed batch, a plan with a 1-row minibatch (worker 2 has no row: it runs a
-    weight-0 row to join the all-reduce) and a 3-row one (shares of 2 and 1)."""
+    weight-0 row to join the all-reduce), a 3-row one (shares of 2 and 1) and a 5-row one
+    (3 and 2 rows: 2 and 1 micro-batches, which FSDP2 pads to 2 and 2)."""
     trainer = Trainer(load_config(None, options(tmp_path / "ray", "grpo", "steps=1",
                                                 "launcher=ray", "train_workers=2",
-                                                "worker_cpus=0.5")))
+                                                "worker_cpus=0.5",
+                                                f"train_parallel={parallel}")))
     local = Trainer(load_config(None, options(tmp_path / "local", "grpo", "steps=1")))
     try:
         timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
@@ -140,8 +143,9 @@ def test_uneven_and_empty_shares_give_the_update_of_one_process(tmp_path):
 
         batch = assemble(local._generate_round(0, timings), overlong_filter=False)
         local._prepare(batch)
-        plan = [torch.tensor([6]), torch.tensor([0, 3, 5]), torch.tensor([1, 2, 4, 7])]
-        settings = UpdateSettings(epochs=1, minibatches=3, micro_batch_size=2, temperature=1.0,
+        plan = [torch.tensor([6]), torch.tensor([0, 3, 5]), torch.tensor([1, 2, 4, 7]),
+                torch.tensor([0, 1, 2, 3, 4])]
+        settings = UpdateSettings(epochs=1, minibatches=4, micro_batch_size=2, temperature=1.0,
                                   max_grad_norm=1.0, pad_id=local.engine.pad_id)
         distributed = trainer.cluster.update(batch, settings, plan, lr=1e-3)
         local.policy.train()

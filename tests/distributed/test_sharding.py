@@ -36,6 +36,20 @@ def test_a_replica_without_rows_runs_one_row_with_weight_zero():
     assert rows.tolist() == [5] and weight == 0.0
 
 
+@pytest.mark.parametrize("rows, size, micro", [(5, 2, 2), (1, 2, 4), (7, 3, 2), (8, 2, 3)])
+def test_fsdp2_replicas_run_equal_numbers_of_micro_batches(rows, size, micro):
+    """Under FSDP2 every forward is a collective: shares of 3 and 2 rows at 2 a micro-batch
+    would run 2 and 1 (the run hung); the shorter is padded with weight-0 rows."""
+    minibatch = torch.arange(10, 10 + rows)
+    shares = [replica_micro_batches(minibatch, rank, size, micro, equal_counts=True)
+              for rank in range(size)]
+    assert len({len(share) for share in shares}) == 1
+    trained = [int(r) for share in shares for micro_rows, w in share if w for r in micro_rows]
+    assert trained == minibatch.tolist()
+    padding = [micro_rows for share in shares for micro_rows, w in share if not w]
+    assert all(len(p) == 1 for p in padding)
+
+
 def test_merged_replica_results_equal_one_process():
     def result(share: float, low: float, high: float) -> RoundResult:
         diagnostics = Diagnostics()

@@ -217,8 +217,8 @@ def test_on_two_replicas_rows_without_a_gradient_run_not_at_all(tmp_path):
     ("dr_grpo", [], True), ("gspo", [], True), ("rloo", [], True),
     ("dr_grpo", ["epochs=2"], False),  # old log-probs: ratios away from 1
     ("dr_grpo", ["minibatches=2"], False),
-    ("dr_grpo", ["train_workers=2", "launcher=ray"], True),  # DDP: shares of the rest
-    ("dr_grpo", ["train_workers=2", "launcher=ray", "train_parallel=fsdp2"], False),
+    ("dr_grpo", ["train_workers=2", "launcher=ray"], True),  # replicas: shares of the rest
+    ("dr_grpo", ["train_workers=2", "launcher=ray", "train_parallel=fsdp2"], True),
     ("grpo", [], False),  # a KL term: every row has a gradient
     ("ppo", [], False),  # a critic
     # dynamic sampling: no group without variance reaches the update
