@@ -65,7 +65,8 @@ class TrainConfig:
     max_grad_norm: float | None = 1.0
     precision: str = "fp32"  # bf16: autocast; bf16-master: bf16 working copy, float32 masters
     torch_compile: bool = False  # compile the training forward's decoder layers (Llama-style
-    #   models; one graph for all layers, about 25 s once for SmolLM2 on 2 cores)
+    #   models; one graph for all layers, 25 s to 4 minutes once for SmolLM2 on 2 cores);
+    #   layers reading the sampler's record (below) run eagerly, which is faster
     reuse_sampler_forward: bool = True  # the update reads the linear outputs the sampler
     #   computed instead of recomputing them (float32, one update per batch, one process;
     #   the same step to float32 rounding: postrl/models/recorded.py)

@@ -389,12 +389,13 @@ def records_entropies(cfg: TrainConfig, recipe: Recipe) -> bool:
 def records_forward(cfg: TrainConfig) -> bool:
     """Whether the sampler records its forward for the update (``reuse_sampler_forward``,
     ``postrl.models.recorded``): where the update's forward runs in this process, in float32
-    like the sampler, on the weights the sampler ran (one update per batch), uncompiled. The
-    engine then records only calls its lean float32 forward runs, in one chunk, whose record
-    fits its memory share."""
+    like the sampler, on the weights the sampler ran (one update per batch). The engine then
+    records only calls its lean float32 forward runs, in one chunk, whose record fits its
+    memory share. With ``torch_compile`` too: layers reading a record run eagerly (faster
+    than compiled ones, which stay for micro-batches without a record)."""
     return (cfg.reuse_sampler_forward and cfg.launcher == "local" and cfg.train_workers == 1
             and cfg.rollout_backend == "hf" and cfg.precision == "fp32"
-            and cfg.updates_per_batch == 1 and not cfg.torch_compile)
+            and cfg.updates_per_batch == 1)
 
 
 def _reward_specs(rewards: list, defaults: tuple[str, ...]) -> list[tuple[str, float]]:

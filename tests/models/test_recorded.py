@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import postrl.models.layers as layers
 import postrl.models.recorded as recorded_module
 from postrl.models.logprobs import SequenceBatch, response_logprobs, usable_record
 from postrl.models.recorded import flops_per_recorded_byte, parameter_versions
@@ -187,3 +188,23 @@ def test_a_record_pays_where_the_model_is_wide_enough(tiny, monkeypatch):
     monkeypatch.undo()  # the threshold itself
     assert (flops_per_recorded_byte(tiny[0]) < hf_module.RECORD_MIN_FLOPS_PER_BYTE
             < flops_per_recorded_byte(smollm2))
+
+
+def test_layers_that_read_a_record_run_eagerly_under_torch_compile(tiny, monkeypatch):
+    """Compiled layers read a record more slowly than eager ones (SmolLM2's update,
+    docs/performance.md): with ``compile_layers``, a micro-batch with a usable record runs no
+    compiled layer, and one without a record runs it."""
+    model, tokenizer = tiny
+    model.train()
+    rollouts = sample(model, tokenizer)
+    rows = torch.tensor([5, 0, 7, 2, 4, 1, 6])
+    compiled = []
+    monkeypatch.setattr(layers, "_compiled_pair_layer",
+                        lambda: compiled.append(1) or layers._pair_layer)
+    reads = count_reads(monkeypatch)
+    recorded, _ = response_logprobs(model, micro_batch(rollouts, rows), compile_layers=True)
+    assert not compiled and len(reads) == 7 * len(model.model.layers) + 1
+    plain, _ = response_logprobs(model, micro_batch(rollouts, rows, with_record=False),
+                                 compile_layers=True)
+    assert compiled == [1]  # one layer function, chosen once for every layer
+    torch.testing.assert_close(recorded, plain, atol=2e-5, rtol=0)

@@ -283,7 +283,7 @@ def test_the_update_reads_the_samplers_forward_and_makes_the_same_step(tmp_path,
 
 @pytest.mark.parametrize(("options", "records"), [
     ([], True), (["epochs=2"], False), (["minibatches=2"], False),
-    (["precision=bf16"], False), (["torch_compile=true"], False),
+    (["precision=bf16"], False), (["torch_compile=true"], True),
     (["train_workers=2", "launcher=ray"], False), (["reuse_sampler_forward=false"], False),
 ])
 def test_the_sampler_records_its_forward_only_where_the_update_runs_those_weights(
