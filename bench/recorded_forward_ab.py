@@ -1,14 +1,16 @@
 """The update reading the sampler's recorded forward against the update that multiplies, and
 what recording costs the sampler; each alternated in one process on the same batches.
 
-    python bench/recorded_forward_ab.py update [--steps 6] [--reps 2]
+    python bench/recorded_forward_ab.py update [--steps 6] [--reps 2] [--compiled]
     python bench/recorded_forward_ab.py sampler [--reps 8]
 
 ``update``: ``bench/vs_trl.py``'s postrl run (SmolLM2, fp32, 4 prompts x 8, 64 new tokens).
 Each step's update runs both ways ``reps`` times from the same weights and optimizer state
 (ABBA order; the process's first update warms up and is left out), and one line per step
-gives the tokens and the medians. ``sampler``: ``generate`` on that run's first prompts with
-and without recording, alternated, medians over the calls but the first two.
+gives the tokens and the medians. ``--compiled``: the update that multiplies runs postrl's
+layers compiled, as ``torch_compile=true`` did before it kept the record (the compile falls in
+an untimed first run). ``sampler``: ``generate`` on that run's first prompts with and without
+recording, alternated, medians over the calls but the first two.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from postrl.models.recorded import parameter_versions
 
 
-def update(steps: int, reps: int) -> None:
+def update(steps: int, reps: int, compiled: bool = False) -> None:
     from ab import alternating, from_one_state  # bench/, this script's directory
     from vs_trl import postrl_config
 
@@ -31,7 +33,8 @@ def update(steps: int, reps: int) -> None:
     assert trainer.engine.record_forward
     original = trainer._update
     totals: dict[bool, list[float]] = {True: [], False: []}
-    print(f"{'step':>4}{'tokens':>8}{'multiplies s':>14}{'reads record s':>16}{'ratio':>7}")
+    label = "compiled, mult. s" if compiled else "multiplies s"
+    print(f"{'step':>4}{'tokens':>8}{label:>19}{'reads record s':>16}{'ratio':>7}")
 
     def both_ways(batch):
         assert batch.recorded is not None, "the sampler recorded nothing"
@@ -39,8 +42,10 @@ def update(steps: int, reps: int) -> None:
         def run(read):
             # the same weights as recorded: the record may be read again
             batch.recorded.record.versions = parameter_versions(trainer.lm)
-            return original(batch if read in (True, None)
-                            else dataclasses.replace(batch, recorded=None))
+            # the untimed warm-up takes the way that compiles, if any
+            multiplies = read is False or (read is None and compiled)
+            trainer.cfg.torch_compile = compiled and multiplies
+            return original(dataclasses.replace(batch, recorded=None) if multiplies else batch)
 
         # the process's first update warms up (allocations, kernels)
         ways = alternating(reps) if totals[True] else [None, *alternating(reps)]
@@ -48,7 +53,7 @@ def update(steps: int, reps: int) -> None:
         plain, recorded = (statistics.median(times[way]) for way in (False, True))
         totals[False].append(plain)
         totals[True].append(recorded)
-        print(f"{trainer.step:>4}{int(batch.lengths.sum()):>8}{plain:>14.3f}{recorded:>16.3f}"
+        print(f"{trainer.step:>4}{int(batch.lengths.sum()):>8}{plain:>19.3f}{recorded:>16.3f}"
               f"{recorded / plain:>7.3f}", flush=True)
         return metrics  # the last run's: both ways make the same step to float32 roundoff
 
@@ -88,9 +93,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--reps", type=int, default=None,
                         help="runs of each way per step (update: 2) or calls (sampler: 8)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="update: the way that multiplies runs compiled layers")
     args = parser.parse_args()
     if args.what == "update":
-        update(args.steps, args.reps or 2)
+        update(args.steps, args.reps or 2, args.compiled)
     else:
         sampler(args.reps or 8)
 
