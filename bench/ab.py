@@ -31,6 +31,8 @@ def from_one_state(trainer, run: Callable[[bool | None], Any],
         if i:
             trainer.lm.load_state_dict(weights)
             trainer.optimizer.load_state_dict(optimizer)
+            if trainer.master is not None:  # bf16-master's working copy, from the masters
+                trainer.master.refresh()
         start = time.perf_counter()
         result = run(way)
         if way is not None:

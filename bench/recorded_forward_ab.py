@@ -2,9 +2,11 @@
 what recording costs the sampler; each alternated in one process on the same batches.
 
     python bench/recorded_forward_ab.py update [--steps 6] [--reps 2] [--compiled]
-    python bench/recorded_forward_ab.py sampler [--reps 8]
+                                              [--precision fp32|bf16-master]
+    python bench/recorded_forward_ab.py sampler [--reps 8] [--precision fp32|bf16-master]
 
-``update``: ``bench/vs_trl.py``'s postrl run (SmolLM2, fp32, 4 prompts x 8, 64 new tokens).
+``update``: ``bench/vs_trl.py``'s postrl run (SmolLM2, 4 prompts x 8, 64 new tokens; fp32
+unless ``--precision bf16-master``, whose record is bf16).
 Each step's update runs both ways ``reps`` times from the same weights and optimizer state
 (ABBA order; the process's first update warms up and is left out), and one line per step
 gives the tokens and the medians. ``--compiled``: the update that multiplies runs postrl's
@@ -23,13 +25,13 @@ import time
 from postrl.models.recorded import parameter_versions
 
 
-def update(steps: int, reps: int, compiled: bool = False) -> None:
+def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32") -> None:
     from ab import alternating, from_one_state  # bench/, this script's directory
     from vs_trl import postrl_config
 
     from postrl.train.trainer import Trainer
 
-    trainer = Trainer(postrl_config(steps, seed=0))
+    trainer = Trainer(postrl_config(steps, seed=0, precision=precision))
     assert trainer.engine.record_forward
     original = trainer._update
     totals: dict[bool, list[float]] = {True: [], False: []}
@@ -41,7 +43,7 @@ def update(steps: int, reps: int, compiled: bool = False) -> None:
 
         def run(read):
             # the same weights as recorded: the record may be read again
-            batch.recorded.record.versions = parameter_versions(trainer.lm)
+            batch.recorded.record.versions = parameter_versions(trainer.scoring_lm)
             # the untimed warm-up takes the way that compiles, if any
             multiplies = read is False or (read is None and compiled)
             trainer.cfg.torch_compile = compiled and multiplies
@@ -64,13 +66,13 @@ def update(steps: int, reps: int, compiled: bool = False) -> None:
           f"reads the record {sum(totals[True]):.2f} s")
 
 
-def sampler(reps: int) -> None:
+def sampler(reps: int, precision: str = "fp32") -> None:
     from ab import first_prompt_ids  # bench/, this script's directory
     from vs_trl import postrl_config
 
     from postrl.train.trainer import Trainer
 
-    trainer = Trainer(postrl_config(1, seed=0))
+    trainer = Trainer(postrl_config(1, seed=0, precision=precision))
     engine = trainer.engine
     prompts = first_prompt_ids(trainer)
     times: dict[bool, list[float]] = {True: [], False: []}
@@ -95,11 +97,12 @@ def main() -> None:
                         help="runs of each way per step (update: 2) or calls (sampler: 8)")
     parser.add_argument("--compiled", action="store_true",
                         help="update: the way that multiplies runs compiled layers")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))
     args = parser.parse_args()
     if args.what == "update":
-        update(args.steps, args.reps or 2, args.compiled)
+        update(args.steps, args.reps or 2, args.compiled, args.precision)
     else:
-        sampler(args.reps or 8)
+        sampler(args.reps or 8, args.precision)
 
 
 if __name__ == "__main__":

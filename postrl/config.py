@@ -68,8 +68,8 @@ class TrainConfig:
     #   models; one graph for all layers, 25 s to 4 minutes once for SmolLM2 on 2 cores);
     #   layers reading the sampler's record (below) run eagerly, which is faster
     reuse_sampler_forward: bool = True  # the update reads the linear outputs the sampler
-    #   computed instead of recomputing them (float32, one update per batch, one process;
-    #   the same step to float32 rounding: postrl/models/recorded.py)
+    #   computed instead of recomputing them (fp32 or bf16-master, one update per batch, one
+    #   process; the same step to float32 or bf16 rounding: postrl/models/recorded.py)
     epochs: int = 1
     minibatches: int = 1
     micro_batch_size: int = 8

@@ -101,7 +101,7 @@ def response_logprobs(
 
 def usable_record(model, batch: SequenceBatch) -> RecordedRows | None:
     """``batch.recorded`` when it records ``model``'s forward at its current weights, outside
-    autocast (the record is float32), else None."""
+    autocast (the record is in the weights' dtype, autocast computes in another), else None."""
     recorded = batch.recorded
     if recorded is None or torch.is_autocast_enabled("cpu") or not recorded.record.fresh(model):
         return None

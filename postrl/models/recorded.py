@@ -11,6 +11,9 @@ rotation, attention, SiLU, residual sums, the log-softmax) still runs, so autogr
 input a backward needs, and the backward is the plain one: ``dx = dy W``, ``dW = dy^T x``.
 A third of the training's matmuls go (docs/performance.md).
 
+The record is in the dtype of the model whose forward it stands for: float32 for ``fp32``,
+bf16 for ``bf16-master``'s working copy (the sampler then runs that copy's own weights).
+
 The two forwards differ only by rounding (other matmul shapes, the sampler's fused kernels),
 as two micro-batch sizes do; every ratio stays exactly 1 (the old log-probs are the
 forward's own, detached). A record is only used while the weights are those it was made
@@ -50,16 +53,22 @@ def shape_of(model: nn.Module) -> tuple[tuple[int, ...], int, int]:
     return widths, len(model.model.layers), model.lm_head.out_features
 
 
+def record_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of ``model``'s linear outputs, and so of its record: its weights'."""
+    return model.lm_head.weight.dtype
+
+
 def flops_per_recorded_byte(model: nn.Module) -> float:
     """What reading a record saves per byte it holds: each token's linear and LM-head
-    multiply-adds (2 FLOPs each) over the float32 bytes of their outputs. About ``hidden / 2``:
-    329 for SmolLM2 (576 wide), 32 for the tiny test model (64 wide, its 49,152-token
-    vocabulary dominating both)."""
+    multiply-adds (2 FLOPs each) over the bytes of their outputs (:func:`record_dtype`).
+    About ``hidden / 2`` in float32: 329 for SmolLM2 (576 wide), 32 for the tiny test model
+    (64 wide, its 49,152-token vocabulary dominating both); twice that in bf16."""
     body = model.model.layers
     linears = [m for layer in body for m in layer.modules() if isinstance(m, nn.Linear)]
     linears.append(model.lm_head)
     flops = sum(2 * m.in_features * m.out_features for m in linears)
-    return flops / (4 * sum(m.out_features for m in linears))
+    element = torch.finfo(record_dtype(model)).bits // 8
+    return flops / (element * sum(m.out_features for m in linears))
 
 
 def record_bytes(model: nn.Module, prompts: int, prompt_width: int, group_size: int,
@@ -67,7 +76,7 @@ def record_bytes(model: nn.Module, prompts: int, prompt_width: int, group_size: 
     """The most memory a record of one ``generate`` call can take (every slot written)."""
     widths, layers, vocab = shape_of(model)
     slots = prompts * (prompt_width + group_size * max_new) + 1
-    return slots * (layers * sum(widths) + vocab) * 4
+    return slots * (layers * sum(widths) + vocab) * (torch.finfo(record_dtype(model)).bits // 8)
 
 
 class RecordMemory:
@@ -82,21 +91,25 @@ class RecordMemory:
         self._tensors: list[Tensor] = []
         self._owner: weakref.ref | None = None
 
-    def take(self, owner: object, widths: list[int], slots: int) -> list[Tensor]:
-        """``[slots, width]`` for each of ``widths``, the memory of the last record if it is
-        gone and its tensors are as wide and at least as long, else new."""
+    def take(self, owner: object, widths: list[int], slots: int,
+             dtype: torch.dtype = torch.float32) -> list[Tensor]:
+        """``[slots, width]`` of ``dtype`` for each of ``widths``, the memory of the last
+        record if it is gone and its tensors are as wide, at least as long and of ``dtype``,
+        else new."""
         last = self._tensors
         if (self._owner is not None and self._owner() is not None) or not (
-                [t.shape[1] for t in last] == widths and all(len(t) >= slots for t in last)):
+                [t.shape[1] for t in last] == widths and all(len(t) >= slots for t in last)
+                and all(t.dtype == dtype for t in last)):
             # empty: a slot is read only once written; the decode steps fill them in order, so
             # the pages after the last step's are never touched (they take no memory)
-            last = [torch.empty(slots + slots // 8, width) for width in widths]
+            last = [torch.empty(slots + slots // 8, width, dtype=dtype) for width in widths]
         self._tensors, self._owner = last, weakref.ref(owner)
         return [t[:slots] for t in last]
 
 
 class RecordedForward:
-    """One ``generate`` call's linear outputs (float32), written as it samples."""
+    """One ``generate`` call's linear outputs (in :func:`record_dtype`), written as it
+    samples ``model``'s own weights."""
 
     def __init__(self, model: nn.Module, prompt_lengths: list[int], group_size: int,
                  max_new: int, memory: RecordMemory | None = None) -> None:
@@ -106,7 +119,8 @@ class RecordedForward:
         self.response_start = self.prompts * self.prompt_width
         rows = self.prompts * group_size
         self.zero = self.response_start + rows * max_new  # after every slot a step can fill
-        tensors = (memory or RecordMemory()).take(self, [*widths * layers, vocab], self.zero + 1)
+        tensors = (memory or RecordMemory()).take(self, [*widths * layers, vocab], self.zero + 1,
+                                                  record_dtype(model))
         self.linears = [tensors[i : i + len(widths)]
                         for i in range(0, len(widths) * layers, len(widths))]
         self.logits = tensors[-1]

@@ -12,9 +12,9 @@ on a GPU, by transformers' own forward. The sampling loop runs on the model's de
 per-response generators stay on the CPU (the same draws on any device), and the rollouts come
 back on the CPU. With ``precision="bf16"`` or ``"bf16-master"`` both sample in bfloat16 from a
 copy of the current weights (autocast would re-cast every weight at every token); otherwise in
-the policy's dtype. With ``record_forward``, the lean float32 forward also writes down every
-linear layer's output, for an update that then need not recompute them
-(``postrl.models.recorded``).
+the policy's dtype. With ``record_forward``, the lean forward also writes down every linear
+layer's output, for an update that then need not recompute them (``postrl.models.recorded``):
+in float32, or in bf16 from ``scoring_model``, ``bf16-master``'s working copy.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from postrl.models.recorded import (
     RecordMemory,
     flops_per_recorded_byte,
     record_bytes,
+    record_dtype,
 )
 from postrl.rollout.base import Rollouts, SamplingParams, cat_right_padded
 from postrl.rollout.lean import LeanDecoder, LeanWeights, unsupported_reason
@@ -55,10 +56,14 @@ class HFRolloutEngine:
         ``entropies`` records the policy's entropy at every position (``Rollouts.entropies``;
         under 1% of the generation's time at SmolLM2's size); ``record_forward`` records the
         sampler's linear outputs for the update (``Rollouts.recorded``; only where the lean
-        forward samples in float32, all rows in one chunk, the record fits
-        :data:`RECORD_MEMORY_SHARE` of the memory and saves at least
+        forward samples in the dtype of :attr:`scoring_model`, all rows in one chunk, the
+        record fits :data:`RECORD_MEMORY_SHARE` of the memory and saves at least
         :data:`RECORD_MIN_FLOPS_PER_BYTE`)."""
         self.model = model
+        # the model whose forward the update runs: ``model``, or bf16-master's working copy
+        # (bf16 weights equal to ``model``'s, rounded), which the lean forward then samples
+        # from, so that a record in bf16 is that copy's own forward
+        self.scoring_model = model
         self.entropies = entropies
         self.record_forward = record_forward
         self._record_memory = RecordMemory()
@@ -83,7 +88,7 @@ class HFRolloutEngine:
         generators = row_generators(seed, first_prompt, len(prompts), group_size)
         chunk = max((self.batch_size or len(rows)) // group_size, 1)  # prompts per chunk
         model = self._sampling_model(min(chunk * group_size, len(rows)))
-        record = (RecordedForward(self.model, [len(p) for p in prompts], group_size,
+        record = (RecordedForward(self.scoring_model, [len(p) for p in prompts], group_size,
                                   params.max_new_tokens, self._record_memory)
                   if self._records(model, prompts, chunk, group_size, params) else None)
         parts = [self._generate_rows(model, prompts[i : i + chunk], group_size, params,
@@ -104,11 +109,12 @@ class HFRolloutEngine:
     def _records(self, model, prompts, chunk: int, group_size: int,
                  params: SamplingParams) -> bool:
         """Whether this call records its forward (see ``record_forward``)."""
+        scoring = self.scoring_model
         if not (self.record_forward and isinstance(model, LeanWeights)
-                and model.dtype == torch.float32 and chunk >= len(prompts)
-                and flops_per_recorded_byte(self.model) >= RECORD_MIN_FLOPS_PER_BYTE):
+                and model.dtype == record_dtype(scoring) and chunk >= len(prompts)
+                and flops_per_recorded_byte(scoring) >= RECORD_MIN_FLOPS_PER_BYTE):
             return False
-        size = record_bytes(self.model, len(prompts), max(len(p) for p in prompts), group_size,
+        size = record_bytes(scoring, len(prompts), max(len(p) for p in prompts), group_size,
                             params.max_new_tokens)
         return size <= RECORD_MEMORY_SHARE * physical_memory_bytes()
 
@@ -117,7 +123,9 @@ class HFRolloutEngine:
         """What samples this call: lean weights, the policy itself, or its bf16 copy."""
         dtype = sampling_dtype(self.precision, self.model.dtype)
         if self.lean and model_device(self.model).type == "cpu":
-            return LeanWeights.of(self.model, dtype, rows)
+            # the scoring model's weights, in the sampling dtype: the policy's, or those of its
+            # bf16 working copy (the same bf16 values, the copy refreshed at every step)
+            return LeanWeights.of(self.scoring_model, dtype, rows)
         if self.precision == "fp32":
             return self.model
         if self._copy is None:  # bf16 parameters from the start: no float32 copy, no grads

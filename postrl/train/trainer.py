@@ -122,6 +122,8 @@ class Trainer:
         self.resumed_from = resume(self) if cfg.resume != "no" else None
         # bf16-master: a bf16 working copy scores and trains; self.lm keeps the float32 masters
         self.master = MasterWeights(self.lm) if cfg.precision == "bf16-master" else None
+        if self.master is not None:  # the sampler records the working copy's forward
+            self.engine.scoring_model = self.master.working
         self.cluster = None
         if cfg.launcher == "ray":  # rollout actors and trainer workers start from this state
             from postrl.distributed.cluster import start_cluster
@@ -388,13 +390,15 @@ def records_entropies(cfg: TrainConfig, recipe: Recipe) -> bool:
 
 def records_forward(cfg: TrainConfig) -> bool:
     """Whether the sampler records its forward for the update (``reuse_sampler_forward``,
-    ``postrl.models.recorded``): where the update's forward runs in this process, in float32
-    like the sampler, on the weights the sampler ran (one update per batch). The engine then
-    records only calls its lean float32 forward runs, in one chunk, whose record fits its
-    memory share. With ``torch_compile`` too: layers reading a record run eagerly (faster
-    than compiled ones, which stay for micro-batches without a record)."""
+    ``postrl.models.recorded``): where the update's forward runs in this process, in the
+    sampler's dtype, on the weights the sampler ran (one update per batch): ``fp32``, and
+    ``bf16-master``, whose sampler runs the bf16 working copy that the update trains
+    (``bf16`` autocast trains float32 weights: no). The engine then records only calls its
+    lean forward runs, in one chunk, whose record fits its memory share. With
+    ``torch_compile`` too: layers reading a record run eagerly (faster than compiled ones,
+    which stay for micro-batches without a record)."""
     return (cfg.reuse_sampler_forward and cfg.launcher == "local" and cfg.train_workers == 1
-            and cfg.rollout_backend == "hf" and cfg.precision == "fp32"
+            and cfg.rollout_backend == "hf" and cfg.precision in ("fp32", "bf16-master")
             and cfg.updates_per_batch == 1)
 
 

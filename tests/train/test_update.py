@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+import postrl.models.recorded as recorded_module
 from postrl.models.recorded import parameter_versions
 from postrl.rollout import hf as hf_module
 from postrl.train.batch import TrainBatch, assemble
@@ -281,9 +282,44 @@ def test_the_update_reads_the_samplers_forward_and_makes_the_same_step(tmp_path,
     assert spoiled["entropy/mean"] < 0.5 * full["entropy/mean"]
 
 
+def test_a_bf16_master_update_reads_the_working_copys_record(tmp_path, monkeypatch):
+    """``bf16-master``: the sampler records the bf16 working copy's forward, the update reads
+    it (every linear and the LM head) and makes the step of the update that multiplies, to
+    bf16 rounding; the step's refresh of the working copy makes the record stale."""
+    monkeypatch.setattr(hf_module, "RECORD_MIN_FLOPS_PER_BYTE", 0.0)  # the tiny model too
+    trainer = Trainer(tiny_config(tmp_path, "dr_grpo", "prompts_per_step=3", "max_new_tokens=16",
+                                  "precision=bf16-master"))
+    batch = _mixed_batch(trainer)
+    record, working = batch.recorded.record, trainer.master.working
+    assert record.logits.dtype == torch.bfloat16 and record.fresh(working)
+    weights = copy.deepcopy(trainer.lm.state_dict())
+    reads = []
+    original = recorded_module._Recorded.apply
+    monkeypatch.setattr(recorded_module._Recorded, "apply",
+                        lambda *args: reads.append(1) or original(*args))
+    outcomes, read = [], []
+    for recorded in (None, batch.recorded):
+        trainer.lm.load_state_dict(weights)
+        trainer.master.refresh()
+        trainer.optimizer.state.clear()  # each update is the optimizer's first step
+        record.versions = parameter_versions(working)  # the recorded weights again
+        reads.clear()
+        outcomes.append(trainer._update(dataclasses.replace(batch, recorded=recorded)))
+        read.append(len(reads))
+        assert not record.fresh(working)  # the step refreshed the working copy
+    # every linear of every layer and the LM head, in each micro-batch
+    assert read[0] == 0 and read[1] >= 7 * len(working.model.layers) + 1
+    full, fast = outcomes
+    assert fast.keys() == full.keys()
+    assert full["grad/norm"] > 1e-3
+    for key, value in full.items():  # measured: the gradient norms 1e-4 apart, the rest equal
+        assert fast[key] == pytest.approx(value, rel=5e-3, abs=1e-6), key
+
+
 @pytest.mark.parametrize(("options", "records"), [
     ([], True), (["epochs=2"], False), (["minibatches=2"], False),
-    (["precision=bf16"], False), (["torch_compile=true"], True),
+    (["precision=bf16"], False), (["precision=bf16-master"], True),
+    (["precision=bf16-master", "epochs=2"], False), (["torch_compile=true"], True),
     (["train_workers=2", "launcher=ray"], False), (["reuse_sampler_forward=false"], False),
 ])
 def test_the_sampler_records_its_forward_only_where_the_update_runs_those_weights(
