@@ -106,6 +106,12 @@ class RecordMemory:
         self._tensors, self._owner = last, weakref.ref(owner)
         return [t[:slots] for t in last]
 
+    def release(self, owner: object) -> None:
+        """``owner`` is done with its memory: the next record takes it, whoever still holds
+        ``owner``."""
+        if self._owner is not None and self._owner() is owner:
+            self._owner = None
+
 
 class RecordedForward:
     """One ``generate`` call's linear outputs (in :func:`record_dtype`), written as it
@@ -119,8 +125,9 @@ class RecordedForward:
         self.response_start = self.prompts * self.prompt_width
         rows = self.prompts * group_size
         self.zero = self.response_start + rows * max_new  # after every slot a step can fill
-        tensors = (memory or RecordMemory()).take(self, [*widths * layers, vocab], self.zero + 1,
-                                                  record_dtype(model))
+        self._memory = memory or RecordMemory()
+        tensors = self._memory.take(self, [*widths * layers, vocab], self.zero + 1,
+                                    record_dtype(model))
         self.linears = [tensors[i : i + len(widths)]
                         for i in range(0, len(widths) * layers, len(widths))]
         self.logits = tensors[-1]
@@ -132,8 +139,19 @@ class RecordedForward:
         self.model, self.versions = model, parameter_versions(model)
 
     def fresh(self, model: nn.Module) -> bool:
-        """Whether ``model`` is the one recorded, with the weights it had."""
+        """Whether ``model`` is the one recorded, with the weights it had (never once
+        released)."""
         return model is self.model and parameter_versions(model) == self.versions
+
+    def release(self) -> None:
+        """Done with (its update has run): its memory goes to the next record, even while
+        something still holds this object, and nothing reads it again. Something did hold
+        it: math_verify's parse cache keeps antlr's recognition exceptions, whose tracebacks
+        keep every frame up the stack, the trainer's step with its batch among them
+        (docs/performance.md); each such step kept its record's gigabyte alive."""
+        self.model = None  # fresh() is False from now on
+        self.linears, self.logits = [], torch.empty(0)
+        self._memory.release(self)
 
     def next_block(self, rows: Tensor, column: int) -> slice:
         """The slots where a decode step over ``rows`` (rows of the ``generate`` call) writes

@@ -204,6 +204,9 @@ class Trainer:
             t = time.perf_counter()
             update_metrics = self._update(batch)
             timings["train"] = time.perf_counter() - t
+        for group in collected.generated:  # no record is read after the update
+            if group.rollouts.recorded is not None:
+                group.rollouts.recorded.record.release()
         self._guard(update_metrics.pop("guard/skipped_updates", 0.0) > 0, update_metrics)
         with warnings.catch_warnings():
             if self.cluster is not None:  # here the optimizer holds the schedule; workers step

@@ -155,6 +155,28 @@ def test_a_record_is_read_only_while_the_weights_are_the_recorded_ones(tiny, mon
             assert usable_record(model, batch) is None  # the record is float32
 
 
+def test_a_released_record_gives_its_memory_to_the_next_and_is_never_read(tiny):
+    """A record still held when the next ``generate`` records keeps its memory; once
+    released, its memory goes to the next record however long it is held, and it is never
+    read again."""
+    model, tokenizer = tiny
+    engine = HFRolloutEngine(model, tokenizer, record_forward=True)
+    first = engine.generate(prompts(tokenizer), 4, PARAMS, seed=3).recorded.record
+    rollouts = engine.generate(prompts(tokenizer), 4, PARAMS, seed=4)
+    second = rollouts.recorded.record
+    assert second.logits.data_ptr() != first.logits.data_ptr()  # first is still held
+    memory = second.logits.data_ptr()
+    batch = micro_batch(rollouts, torch.arange(4))
+    assert usable_record(model, batch) is not None
+    second.release()
+    assert not second.fresh(model) and usable_record(model, batch) is None
+    third = engine.generate(prompts(tokenizer), 4, PARAMS, seed=5).recorded.record
+    assert third.logits.data_ptr() == memory and third.fresh(model)  # second is still held
+    first.release()  # not the memory's holder now: nothing changes
+    fourth = engine.generate(prompts(tokenizer), 4, PARAMS, seed=6).recorded.record
+    assert fourth.logits.data_ptr() != memory and third.fresh(model)
+
+
 def test_the_record_holds_each_prompt_and_response_columns_linear_outputs(tiny):
     """Layer 1's down projection at a prompt's and a response's slots, and the logits that
     predict each response token, are those of transformers' forward of the whole row."""

@@ -316,6 +316,28 @@ def test_a_bf16_master_update_reads_the_working_copys_record(tmp_path, monkeypat
         assert fast[key] == pytest.approx(value, rel=5e-3, abs=1e-6), key
 
 
+def test_a_step_releases_its_record_however_long_it_is_held(tmp_path, monkeypatch):
+    """Something outside postrl may keep a step's rollouts alive (math_verify's parse cache
+    kept tracebacks whose frames held the trainer's batch): each step's record still goes
+    back to the engine's memory after the update, and the next step records into it."""
+    monkeypatch.setattr(hf_module, "RECORD_MIN_FLOPS_PER_BYTE", 0.0)  # the tiny model too
+    trainer = Trainer(tiny_config(tmp_path, "dr_grpo", "max_new_tokens=16"))
+    held, memory = [], []
+    generate = trainer.engine.generate
+
+    def holding(*args, **kwargs):
+        held.append(generate(*args, **kwargs))
+        memory.append(held[-1].recorded.record.logits.data_ptr())
+        return held[-1]
+
+    trainer.engine.generate = holding
+    for _ in range(3):
+        trainer.train_step()
+    assert len(held) == 3 and not any(r.recorded.record.fresh(trainer.lm) for r in held)
+    assert trainer.engine._record_memory._owner is None  # the last one released too
+    assert len(set(memory)) == 1  # every step recorded into the first step's memory
+
+
 @pytest.mark.parametrize(("options", "records"), [
     ([], True), (["epochs=2"], False), (["minibatches=2"], False),
     (["precision=bf16"], False), (["precision=bf16-master"], True),
