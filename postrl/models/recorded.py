@@ -139,8 +139,8 @@ class RecordedForward:
         self.model, self.versions = model, parameter_versions(model)
 
     def fresh(self, model: nn.Module) -> bool:
-        """Whether ``model`` is the one recorded, with the weights it had (never once
-        released)."""
+        """Whether ``model`` is the one recorded, with the weights it had (never after
+        :meth:`release`)."""
         return model is self.model and parameter_versions(model) == self.versions
 
     def release(self) -> None:
