@@ -139,13 +139,9 @@ def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False)
         return rollouts
 
     trainer.engine.generate = noting_records
-    # each step's batch, as the update gets it, without the sampler's record: a record kept
-    # alive into the next step would make that step's sampler record into fresh memory (page
-    # faults on every page: RecordMemory in postrl/models/recorded.py), which a run does not
-    batches = []
+    batches = []  # each step's batch, as the update gets it (the step releases its record)
     update = trainer._update
-    trainer._update = lambda batch: (
-        batches.append(dataclasses.replace(batch, recorded=None)) or update(batch))
+    trainer._update = lambda batch: batches.append(batch) or update(batch)
     rows = []
     for _ in range(cfg.steps):
         rows.append(trainer.train_step())

@@ -67,8 +67,7 @@ def flops_per_recorded_byte(model: nn.Module) -> float:
     linears = [m for layer in body for m in layer.modules() if isinstance(m, nn.Linear)]
     linears.append(model.lm_head)
     flops = sum(2 * m.in_features * m.out_features for m in linears)
-    element = torch.finfo(record_dtype(model)).bits // 8
-    return flops / (element * sum(m.out_features for m in linears))
+    return flops / (record_dtype(model).itemsize * sum(m.out_features for m in linears))
 
 
 def record_bytes(model: nn.Module, prompts: int, prompt_width: int, group_size: int,
@@ -76,7 +75,7 @@ def record_bytes(model: nn.Module, prompts: int, prompt_width: int, group_size: 
     """The most memory a record of one ``generate`` call can take (every slot written)."""
     widths, layers, vocab = shape_of(model)
     slots = prompts * (prompt_width + group_size * max_new) + 1
-    return slots * (layers * sum(widths) + vocab) * (torch.finfo(record_dtype(model)).bits // 8)
+    return slots * (layers * sum(widths) + vocab) * record_dtype(model).itemsize
 
 
 class RecordMemory:

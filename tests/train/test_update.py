@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 import torch
 
-import postrl.models.recorded as recorded_module
 from postrl.models.recorded import parameter_versions
 from postrl.rollout import hf as hf_module
 from postrl.train.batch import TrainBatch, assemble
@@ -23,6 +22,7 @@ from postrl.train.update import (
     run_updates,
     zero_gradient_rows,
 )
+from tests.models.test_recorded import count_reads
 from tests.train.test_trainer import tiny_config
 
 
@@ -293,10 +293,7 @@ def test_a_bf16_master_update_reads_the_working_copys_record(tmp_path, monkeypat
     record, working = batch.recorded.record, trainer.master.working
     assert record.logits.dtype == torch.bfloat16 and record.fresh(working)
     weights = copy.deepcopy(trainer.lm.state_dict())
-    reads = []
-    original = recorded_module._Recorded.apply
-    monkeypatch.setattr(recorded_module._Recorded, "apply",
-                        lambda *args: reads.append(1) or original(*args))
+    reads = count_reads(monkeypatch)
     outcomes, read = [], []
     for recorded in (None, batch.recorded):
         trainer.lm.load_state_dict(weights)
