@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from postrl.models.layers import architecture_reason, rotate
 from postrl.models.precision import cpu_has_fast_bf16
 from postrl.models.recorded import RecordedForward
+from postrl.rollout.native import native_linear
 
 
 def unsupported_reason(model) -> str | None:
@@ -41,19 +42,30 @@ def unsupported_reason(model) -> str | None:
 
 
 class Linear:
-    """``x W^T + b`` with ``W`` (the row-concatenation of ``weights``) cast to ``dtype`` and, where
-    oneDNN is available, reordered once into its blocked layout for ``rows``-row inputs."""
+    """``x W^T + b`` with ``W`` (the row-concatenation of ``weights``) cast to ``dtype`` and
+    packed once: for postrl's own float32 linear (:mod:`postrl.rollout.native`) where it is
+    available, else, where oneDNN is, reordered into its blocked layout for ``rows``-row
+    inputs."""
 
     def __init__(self, weights: list[Tensor], biases: list[Tensor | None], dtype: torch.dtype,
                  rows: int) -> None:
-        weight = torch.cat([w.detach() for w in weights]).to(dtype)
         self.bias = (None if biases[0] is None
                      else torch.cat([b.detach() for b in biases]).to(dtype))
-        self.packed = _packable(dtype)
-        self.weight = (torch.ops.mkldnn._reorder_linear_weight(weight, max(rows, 1))
-                       if self.packed else weight)
+        self.out_features = sum(w.shape[0] for w in weights)
+        self.native = native_linear() if dtype == torch.float32 else None
+        self.packed = self.native is None and _packable(dtype)
+        if self.native is not None:  # packed from the weights themselves, without a copy
+            self.weight, self.bias = self.native.pack(weights), self.native.pad_bias(self.bias)
+            return
+        weight = torch.cat([w.detach() for w in weights]).to(dtype)
+        if self.packed:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, max(rows, 1))
+        else:
+            self.weight = weight
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.native is not None:
+            return self.native(x, self.weight, self.bias, self.out_features)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

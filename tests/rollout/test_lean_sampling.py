@@ -9,7 +9,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.policy import apply_lora
-from postrl.rollout import HFRolloutEngine, SamplingParams
+from postrl.rollout import HFRolloutEngine, SamplingParams, native
 from postrl.rollout import lean as lean_module
 from postrl.rollout.hf import left_padded
 from postrl.rollout.lean import LeanDecoder, LeanWeights, unsupported_reason
@@ -129,8 +129,10 @@ def test_without_onednn_the_lean_forward_uses_plain_matmuls(tiny, monkeypatch):
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     packed = HFRolloutEngine(model, tokenizer).generate(prompts(tokenizer), 2, params, seed=4)
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.setenv(native.SWITCH, "0")  # nor postrl's own linear
     weights = LeanWeights.of(model, torch.float32, rows=6)
-    assert not weights.lm_head.packed and weights.lm_head.weight.layout == torch.strided
+    assert not weights.lm_head.packed and weights.lm_head.native is None
+    assert weights.lm_head.weight.shape == model.lm_head.weight.shape
     plain = HFRolloutEngine(model, tokenizer).generate(prompts(tokenizer), 2, params, seed=4)
     assert_same_rollouts(packed, plain, 1e-5)
 

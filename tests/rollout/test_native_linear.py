@@ -1,0 +1,125 @@
+"""postrl's own float32 linear for the lean sampler (``gemm.c``): the product of a float64
+reference, the sampler's logits with it or without it, and a clear fallback where it cannot
+be built."""
+
+import pytest
+import torch
+
+from postrl.rollout import HFRolloutEngine, SamplingParams, native
+from postrl.rollout.hf import left_padded
+from postrl.rollout.lean import LeanDecoder, LeanWeights
+
+needs_native = pytest.mark.skipif(native.native_linear() is None,
+                                  reason=f"no native linear: {native.unavailable_reason()}")
+
+
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path):
+    """An empty library cache, and the loader's memo cleared before and after."""
+    monkeypatch.setenv("POSTRL_CACHE_DIR", str(tmp_path))
+    native._load.cache_clear()
+    yield tmp_path / "native"
+    native._load.cache_clear()
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 3, 14, 15, 29, 100])
+@pytest.mark.parametrize("parts", [[32], [45], [7, 96, 20], [1]])
+@pytest.mark.parametrize("inputs", [1, 9, 64])
+def test_the_native_linear_is_the_float64_product(rows, parts, inputs):
+    """Rows split into blocks of at most 14 and columns into panels of 32, the last one
+    partly filled; several weights concatenated; with and without a bias."""
+    generator = torch.Generator().manual_seed(rows * 1000 + inputs)
+    weights = [torch.randn(n, inputs, generator=generator) for n in parts]
+    x = torch.randn(rows, 2, inputs, generator=generator)[:, 1]  # not contiguous
+    linear = native.native_linear()
+    packed = linear.pack(weights)
+    weight = torch.cat(weights)
+    bias = torch.randn(len(weight), generator=generator)
+    for b in (None, bias):
+        out = linear(x, packed, linear.pad_bias(b), len(weight))
+        expected = x.double() @ weight.double().T + (0 if b is None else b.double())
+        assert out.dtype == torch.float32 and out.shape == (rows, len(weight))
+        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    batched = linear(x.reshape(1, rows, inputs), packed, None, len(weight))
+    assert torch.equal(batched[0], linear(x, packed, None, len(weight)))
+    assert linear(x[:0], packed, None, len(weight)).shape == (0, len(weight))
+
+
+@needs_native
+def test_the_lean_sampler_runs_it_in_float32_only(tiny):
+    model, _ = tiny
+    fp32 = LeanWeights.of(model, torch.float32, rows=4)
+    bf16 = LeanWeights.of(model, torch.bfloat16, rows=4)
+    assert fp32.lm_head.native is not None and fp32.layers[0].qkv.native is not None
+    assert bf16.lm_head.native is None
+
+
+@needs_native
+def test_decode_steps_give_the_same_logits_with_and_without_it(tiny, monkeypatch):
+    """Prefill and three decode steps of 3 prompts x 2 samples, with postrl's linear and with
+    oneDNN's (or plain matmuls), from the same tokens."""
+    model, tokenizer = tiny
+    texts = [tokenizer(t, add_special_tokens=False).input_ids
+             for t in ("What is 2 + 3?", "Name a colour.", "Hi")]
+    outputs = []
+    for switch in ("1", "0"):
+        monkeypatch.setenv(native.SWITCH, switch)
+        weights = LeanWeights.of(model, torch.float32, rows=6)
+        assert (weights.lm_head.native is not None) == (switch == "1")
+        decoder = LeanDecoder(weights, *left_padded(texts, 0), 2, 3, share_from=1)
+        logits = [decoder.first_logits]
+        positions = torch.tensor([len(t) for t in texts]).repeat_interleave(2)
+        for step in range(3):
+            logits.append(decoder.step(torch.arange(6) * 11 + step, positions + step))
+        outputs.append(torch.stack(logits))
+    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-4, rtol=0)
+
+
+@needs_native
+def test_it_is_built_once_and_then_loaded_from_the_cache(fresh_build, monkeypatch, tmp_path):
+    calls, real = tmp_path / "calls", native._compiler()
+    compiler = tmp_path / "cc"  # the real compiler, counting its calls
+    compiler.write_text(f'#!/bin/sh\necho built >> {calls}\nexec {real} "$@"\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    assert native.native_linear() is not None
+    native._load.cache_clear()
+    assert native.native_linear() is not None
+    assert calls.read_text() == "built\n"
+    assert [p.name.startswith("linear-") for p in fresh_build.iterdir()] == [True]
+
+
+def test_without_a_compiler_the_sampler_keeps_onednn_and_says_why(tiny, fresh_build,
+                                                                  monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert native.native_linear() is None
+    assert "/nonexistent/cc" in native.unavailable_reason()
+    model, tokenizer = tiny
+    weights = LeanWeights.of(model, torch.float32, rows=4)
+    assert weights.lm_head.native is None
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    ids = [tokenizer("Hi", add_special_tokens=False).input_ids]
+    assert HFRolloutEngine(model, tokenizer).generate(ids, 2, params, seed=0).lengths.sum() > 0
+
+
+def test_a_failing_build_names_the_compilers_message(fresh_build, monkeypatch, tmp_path):
+    compiler = tmp_path / "cc"
+    compiler.write_text("#!/bin/sh\necho 'gemm.c:1: error: no AVX-512 here' >&2\nexit 1\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    assert native.native_linear() is None
+    assert native.unavailable_reason().endswith("gemm.c:1: error: no AVX-512 here")
+    assert not list(fresh_build.glob("*"))  # nothing half-built stays
+
+
+def test_it_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert native.native_linear() is None
+    assert native.unavailable_reason() == f"{native.SWITCH}=0"
+
+
+@needs_native
+def test_it_shares_pytorchs_openmp_runtime():
+    runtimes = native._openmp_runtimes()
+    assert len(runtimes) <= 1, runtimes
