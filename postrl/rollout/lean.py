@@ -63,12 +63,19 @@ class Linear:
         else:
             self.weight = weight
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, out: Tensor | None = None) -> Tensor:
+        """``x [..., in]`` times the weight, ``[..., out]``; with ``out`` (``[rows, out]``,
+        contiguous: a record's slots) the product is also written there, by postrl's linear
+        itself (then the result is ``out``'s view) or by a copy."""
         if self.native is not None:
-            return self.native(x, self.weight, self.bias, self.out_features)
+            return self.native(x, self.weight, self.bias, self.out_features, out)
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        else:
+            y = F.linear(x, self.weight, self.bias)
+        if out is not None:
+            out.copy_(y.reshape(out.shape))
+        return y
 
 
 def _packable(dtype: torch.dtype) -> bool:
@@ -288,44 +295,39 @@ def _attend_prompt(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) ->
 
 
 def _layers(w: LeanWeights, tokens: Tensor, positions: Tensor, attend,
-            record: Callable[[int, int, Tensor], None] | None = None) -> Tensor:
+            into: Callable[[int, int], Tensor] | None = None,
+            logits_into: Tensor | None = None) -> Tensor:
     """The decoder over ``tokens [rows, S]``; ``attend(layer, queries, keys, values)`` stores
     the new keys and values and attends (queries ``[rows, S, heads, dim]``, keys and values
-    ``[rows, S, kv_heads, dim]``, all rotated but the values); ``record(layer, kind,
-    output)``, when given, sees each linear's output (``postrl.models.recorded.KINDS``).
-    The logits after the last column, ``[rows, vocab]``."""
+    ``[rows, S, kv_heads, dim]``, all rotated but the values); ``into(layer, kind)``, when
+    given, is where each linear's output goes too (``[rows * S, width]``;
+    ``postrl.models.recorded.KINDS``), ``logits_into`` the logits'. The logits after the
+    last column, ``[rows, vocab]``."""
     rows, new = tokens.shape
     hidden = F.embedding(tokens, w.embed).to(w.dtype)
     cos, sin = (t[:, :, None] for t in w.rotary(hidden, positions))  # [rows, S, 1, head_dim]
     dim, heads = w.head_dim, w.heads + w.kv_heads  # heads: of queries and keys together
-    record = record or (lambda layer, kind, output: None)
+    into = into or (lambda layer, kind: None)
     for i, layer in enumerate(w.layers):
-        qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, w.eps))
-        record(i, 0, qkv)
+        qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, w.eps), into(i, 0))
         # queries and keys rotate together: they are the first columns of qkv
         rotated = rotate(qkv[..., : heads * dim].view(rows, new, heads, dim), cos, sin)
         values = qkv[..., heads * dim:].view(rows, new, w.kv_heads, dim)
-        out = layer.out(attend(i, rotated[:, :, : w.heads], rotated[:, :, w.heads:], values))
-        record(i, 1, out)
+        attended = attend(i, rotated[:, :, : w.heads], rotated[:, :, w.heads:], values)
+        out = layer.out(attended, into(i, 1))
         hidden = hidden + out
-        gate_up = layer.gate_up(_rms_norm(hidden, layer.post_norm, w.eps))
-        record(i, 2, gate_up)
+        gate_up = layer.gate_up(_rms_norm(hidden, layer.post_norm, w.eps), into(i, 2))
         gate, up = gate_up.chunk(2, dim=-1)
-        down = layer.down(F.silu(gate) * up)
-        record(i, 3, down)
+        down = layer.down(F.silu(gate) * up, into(i, 3))
         hidden = hidden + down
-    return w.lm_head(_rms_norm(hidden[:, -1], w.norm, w.eps))
+    return w.lm_head(_rms_norm(hidden[:, -1], w.norm, w.eps), logits_into)
 
 
-def _recorder(record: RecordedForward | None, slots: slice):
-    """``_layers``' ``record`` writing into ``record``'s ``slots``."""
+def _slots(record: RecordedForward | None, slots: slice):
+    """``_layers``' ``into``: ``record``'s ``slots`` (None without a record)."""
     if record is None:
         return None
-
-    def write(layer: int, kind: int, output: Tensor) -> None:
-        record.linears[layer][kind][slots].copy_(output.reshape(-1, output.shape[-1]))
-
-    return write
+    return lambda layer, kind: record.linears[layer][kind][slots]
 
 
 @torch.inference_mode()
@@ -345,8 +347,7 @@ def prefill(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
         cache.prompt_values[i] = values.transpose(1, 2)
         return _attend_prompt(queries, keys, values, mask)
 
-    logits = _layers(w, tokens, positions, attend,
-                     _recorder(record, slice(0, tokens.numel())))
+    logits = _layers(w, tokens, positions, attend, _slots(record, slice(0, tokens.numel())))
     if record is not None:
         record.logits.index_copy_(0, record.prompt_last_slots(), logits)
     return logits
@@ -366,10 +367,8 @@ def decode(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
         cache.values[i, :, :, column] = values[:, 0]
         return _attend_decode(queries[:, 0], cache, i)[:, None]
 
-    logits = _layers(w, tokens[:, None], positions[:, None], attend, _recorder(record, slots))
-    if record is not None:
-        record.logits[slots].copy_(logits)
-    return logits
+    return _layers(w, tokens[:, None], positions[:, None], attend, _slots(record, slots),
+                   None if record is None else record.logits[slots])
 
 
 # Prompt length from which a prompt's columns are shared by its samples. Measured (SmolLM2,

@@ -70,15 +70,21 @@ class NativeLinear:
         padded[: len(bias)] = bias.detach()
         return padded
 
-    def __call__(self, x: Tensor, packed: Tensor, bias: Tensor | None,
-                 out_features: int) -> Tensor:
-        """``x [..., in] W^T + bias`` for a packed ``W``, float32, ``[..., out_features]``."""
+    def __call__(self, x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int,
+                 out: Tensor | None = None) -> Tensor:
+        """``x [..., in] W^T + bias`` for a packed ``W``, float32, ``[..., out_features]``;
+        written into ``out`` (contiguous, ``[rows, out_features]``) when given."""
         leading, in_features = x.shape[:-1], x.shape[-1]
         rows = x.reshape(-1, in_features).contiguous()
+        shape = (rows.shape[0], out_features)
         if rows.dtype != torch.float32 or packed.numel() % in_features:
             raise ValueError(f"native linear: float32 rows of {packed.numel()} / panel "
                              f"width inputs expected, got {rows.dtype} rows of {in_features}")
-        out = torch.empty((rows.shape[0], out_features), dtype=torch.float32)
+        if out is None:
+            out = torch.empty(shape, dtype=torch.float32)
+        elif out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"native linear: out must be a contiguous float32 {shape}, "
+                             f"got {out.dtype} {tuple(out.shape)}")
         self._linear(rows.data_ptr(), rows.shape[0], in_features, packed.data_ptr(),
                      None if bias is None else bias.data_ptr(), out_features, out.data_ptr(),
                      torch.get_num_threads())

@@ -47,6 +47,23 @@ def test_the_native_linear_is_the_float64_product(rows, parts, inputs):
 
 
 @needs_native
+def test_it_writes_into_a_given_output_and_refuses_one_it_cannot_fill():
+    """A decode step's linears write straight into a record's slots: rows of a larger
+    tensor."""
+    generator = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(40, 16, generator=generator), torch.randn(5, 16, generator=generator)
+    linear = native.native_linear()
+    packed, record = linear.pack([weight]), torch.zeros(9, 40)
+    out = linear(x[:, None], packed, None, 40, record[2:7])
+    assert out.shape == (5, 1, 40) and out.data_ptr() == record[2].data_ptr()
+    torch.testing.assert_close(record[2:7], x @ weight.T, rtol=1e-5, atol=1e-5)
+    assert not record[:2].any() and not record[7:].any()
+    for wrong in (torch.zeros(5, 41), torch.zeros(40, 5).T, torch.zeros(5, 40).double()):
+        with pytest.raises(ValueError, match="out must be a contiguous float32"):
+            linear(x, packed, None, 40, wrong)
+
+
+@needs_native
 def test_the_lean_sampler_runs_it_in_float32_only(tiny):
     model, _ = tiny
     fp32 = LeanWeights.of(model, torch.float32, rows=4)
