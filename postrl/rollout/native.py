@@ -2,15 +2,15 @@
 
 At a decode step's 1 to 32 rows, oneDNN's packed float32 linear leaves about a fifth of the
 time it takes on the table: measured on an AVX-512 CPU (2 cores, SmolLM2's 121 linears of one
-decode step, the weights streamed from memory), ``gemm.c`` takes 0.80-0.85× its time at 2 to
+decode step, the weights streamed from memory), ``gemm.c`` takes 0.78-0.85× its time at 2 to
 32 rows (docs/performance.md, "postrl's own float32 linear").
 
 The C source ships with the package and is compiled once per source, compiler and CPU with the
-system's C compiler (``$CC``, else ``cc``) into ``$POSTRL_CACHE_DIR`` (default
-``~/.cache/postrl``)/``native``. It is not used, and the sampler keeps oneDNN's linear, when
-the CPU has no AVX-512F, no compiler is found or the build fails, loading it would bring a
-second OpenMP runtime next to PyTorch's, or ``POSTRL_NATIVE_LINEAR=0``;
-:func:`unavailable_reason` says which.
+system's C compiler (``$CC``, else ``cc``) into ``native/`` in postrl's cache
+(``$POSTRL_CACHE``, default ``~/.cache/postrl``). It is not used, and the sampler keeps
+oneDNN's linear, when the CPU has no AVX-512F, no compiler is found or the build fails,
+loading it would bring a second OpenMP runtime next to PyTorch's, or
+``POSTRL_NATIVE_LINEAR=0``; :func:`unavailable_reason` says which.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from postrl.models.loading import cache_dir as postrl_cache
 
 SOURCE = Path(__file__).with_name("gemm.c")
 SWITCH = "POSTRL_NATIVE_LINEAR"  # "0": never use it
@@ -123,13 +125,9 @@ def _load() -> tuple[NativeLinear | None, str | None]:
 
 
 def cache_dir() -> Path:
-    """Where built libraries are kept: ``$POSTRL_CACHE_DIR``, else ``$XDG_CACHE_HOME/postrl``,
-    else ``~/.cache/postrl``; then ``native``."""
-    root = os.environ.get("POSTRL_CACHE_DIR")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        root = Path(base) / "postrl"
-    return Path(root) / "native"
+    """Where built libraries are kept: ``native/`` in postrl's cache (``$POSTRL_CACHE``, else
+    ``~/.cache/postrl``)."""
+    return postrl_cache() / "native"
 
 
 def _cpu() -> str:

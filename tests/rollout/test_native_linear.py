@@ -16,7 +16,7 @@ needs_native = pytest.mark.skipif(native.native_linear() is None,
 @pytest.fixture
 def fresh_build(monkeypatch, tmp_path):
     """An empty library cache, and the loader's memo cleared before and after."""
-    monkeypatch.setenv("POSTRL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("POSTRL_CACHE", str(tmp_path))
     native._load.cache_clear()
     yield tmp_path / "native"
     native._load.cache_clear()
