@@ -7,7 +7,8 @@ dropped from the batch (and the cache) as they accumulate, so a batch with a few
 does not pay for the short ones.
 
 Llama-style models on the CPU are run by :mod:`postrl.rollout.lean` (fused, packed weights
-snapshotted at every ``generate`` call; a preallocated cache); any other model, and any model
+snapshotted at every ``generate`` call; a preallocated cache; in float32 on a CPU with
+AVX-512, postrl's own kernels: :mod:`postrl.rollout.native`); any other model, and any model
 on a GPU, by transformers' own forward. The sampling loop runs on the model's device; the
 per-response generators stay on the CPU (the same draws on any device), and the rollouts come
 back on the CPU. With ``precision="bf16"`` or ``"bf16-master"`` both sample in bfloat16 from a

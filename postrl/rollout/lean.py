@@ -5,7 +5,9 @@ adds, at every token, a ``torch.cat`` of the whole KV cache in every layer (quad
 length), a copy of keys and values repeated over each group's query heads (eager attention)
 and seven separately dispatched matmuls per layer whose weights oneDNN reorders at every call.
 Here, once per ``generate`` call, the projections are fused (q|k|v, gate|up), cast to the
-sampling dtype and reordered into oneDNN's blocked layout; the cache is allocated once for the
+sampling dtype and reordered into oneDNN's blocked layout (in float32 on a CPU with AVX-512,
+packed for postrl's own kernels instead, which also run RMSNorm and each row's decode
+attention: :mod:`postrl.rollout.native`); the cache is allocated once for the
 whole response, each token writes one column, and attention (PyTorch's fused kernel, or two
 batched matmuls around a softmax where those are faster) lets the query heads of a group
 read their shared key/value head without a repeated copy. A prompt's
@@ -30,7 +32,7 @@ from torch import Tensor, nn
 from postrl.models.layers import architecture_reason, rotate
 from postrl.models.precision import cpu_has_fast_bf16
 from postrl.models.recorded import RecordedForward
-from postrl.rollout.native import native_linear
+from postrl.rollout.native import NativeKernels, native_kernels
 
 
 def unsupported_reason(model) -> str | None:
@@ -43,16 +45,16 @@ def unsupported_reason(model) -> str | None:
 
 class Linear:
     """``x W^T + b`` with ``W`` (the row-concatenation of ``weights``) cast to ``dtype`` and
-    packed once: for postrl's own float32 linear (:mod:`postrl.rollout.native`) where it is
-    available, else, where oneDNN is, reordered into its blocked layout for ``rows``-row
-    inputs."""
+    packed once: for ``native``, postrl's own float32 kernels (:mod:`postrl.rollout.native`),
+    when given, else, where oneDNN is available, reordered into its blocked layout for
+    ``rows``-row inputs."""
 
     def __init__(self, weights: list[Tensor], biases: list[Tensor | None], dtype: torch.dtype,
-                 rows: int) -> None:
+                 rows: int, native: NativeKernels | None = None) -> None:
         self.bias = (None if biases[0] is None
                      else torch.cat([b.detach() for b in biases]).to(dtype))
         self.out_features = sum(w.shape[0] for w in weights)
-        self.native = native_linear() if dtype == torch.float32 else None
+        self.native = native
         self.packed = self.native is None and _packable(dtype)
         if self.native is not None:  # packed from the weights themselves, without a copy
             self.weight, self.bias = self.native.pack(weights), self.native.pad_bias(self.bias)
@@ -68,7 +70,7 @@ class Linear:
         contiguous: a record's slots) the product is also written there, by postrl's linear
         itself (then the result is ``out``'s view) or by a copy."""
         if self.native is not None:
-            return self.native(x, self.weight, self.bias, self.out_features, out)
+            return self.native.linear(x, self.weight, self.bias, self.out_features, out)
         if self.packed:
             y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         else:
@@ -113,28 +115,32 @@ class LeanWeights:
     kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    native: NativeKernels | None = None  # postrl's own float32 kernels, where available
 
     @classmethod
     @torch.no_grad()
     def of(cls, model, dtype: torch.dtype, rows: int) -> LeanWeights:
         config, body = model.config, model.model
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        native = native_kernels() if dtype == torch.float32 else None
+        linear = functools.partial(Linear, dtype=dtype, rows=rows, native=native)
         layers = []
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
             qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
             layers.append(Layer(
-                Linear([m.weight for m in qkv], [m.bias for m in qkv], dtype, rows),
-                Linear([attn.o_proj.weight], [attn.o_proj.bias], dtype, rows),
-                Linear([mlp.gate_proj.weight, mlp.up_proj.weight],
-                       [mlp.gate_proj.bias, mlp.up_proj.bias], dtype, rows),
-                Linear([mlp.down_proj.weight], [mlp.down_proj.bias], dtype, rows),
+                linear([m.weight for m in qkv], [m.bias for m in qkv]),
+                linear([attn.o_proj.weight], [attn.o_proj.bias]),
+                linear([mlp.gate_proj.weight, mlp.up_proj.weight],
+                       [mlp.gate_proj.bias, mlp.up_proj.bias]),
+                linear([mlp.down_proj.weight], [mlp.down_proj.bias]),
                 layer.input_layernorm.weight.detach().to(dtype),
                 layer.post_attention_layernorm.weight.detach().to(dtype)))
         return cls(body.embed_tokens.weight.detach(), layers, body.norm.weight.detach().to(dtype),
-                   Linear([model.lm_head.weight], [None], dtype, rows), body.rotary_emb,
+                   linear([model.lm_head.weight], [None]), body.rotary_emb,
                    body.norm.variance_epsilon, heads, kv_heads,
-                   getattr(config, "head_dim", None) or config.hidden_size // heads, dtype)
+                   getattr(config, "head_dim", None) or config.hidden_size // heads, dtype,
+                   native)
 
 
 class KVCache:
@@ -200,9 +206,12 @@ class KVCache:
         self.prompt_keys = self.prompt_values = None
 
 
-def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def _rms_norm(x: Tensor, weight: Tensor, eps: float,
+              native: NativeKernels | None = None) -> Tensor:
     """The fused kernel: it reduces in float32 (bf16 input too) and rounds once, after the
-    weight (transformers also rounds before the weight)."""
+    weight (transformers also rounds before the weight); ``native``'s in one pass, if given."""
+    if native is not None:
+        return native.rms_norm(x, weight, eps)
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
@@ -221,13 +230,15 @@ def _flash_available() -> bool:
     return op is not None and "attn_mask" in str(op.default._schema)
 
 
-def _attend_decode(query: Tensor, cache: KVCache, layer: int) -> Tensor:
+def _attend_decode(query: Tensor, cache: KVCache, layer: int,
+                   native: NativeKernels | None = None) -> Tensor:
     """One new query per row (``[rows, heads, dim]``) over its prompt's columns and its own,
     ``[rows, heads * dim]``.
 
     Query head ``h`` reads key/value head ``h // group``: a group's query heads enter the
     kernel as query positions of their shared head (no causal mask tells them apart), so
     each cached key and value is read once, not once per query head as ``enable_gqa`` does.
+    With ``native`` (float32), attention over each row's own columns is postrl's kernel.
     """
     rows, heads, dim = query.shape
     kv_heads = cache.keys.shape[2]
@@ -236,6 +247,8 @@ def _attend_decode(query: Tensor, cache: KVCache, layer: int) -> Tensor:
     keys, values = cache.keys[layer, :, :, :end], cache.values[layer, :, :, :end]
     if not cache.shared:
         mask = cache.row_mask[:, None, None, :end]
+        if native is not None:
+            return native.attend_rows(q, keys, values, mask).reshape(rows, -1)
         return _attend_rows(q, keys, values, mask).reshape(rows, -1)
     own, own_lse = _flash(q, keys, values)
     return _with_shared_prompts(q, own, own_lse, cache, layer).reshape(rows, heads * dim)
@@ -308,19 +321,23 @@ def _layers(w: LeanWeights, tokens: Tensor, positions: Tensor, attend,
     cos, sin = (t[:, :, None] for t in w.rotary(hidden, positions))  # [rows, S, 1, head_dim]
     dim, heads = w.head_dim, w.heads + w.kv_heads  # heads: of queries and keys together
     into = into or (lambda layer, kind: None)
+
+    def norm(x: Tensor, weight: Tensor) -> Tensor:
+        return _rms_norm(x, weight, w.eps, w.native)
+
     for i, layer in enumerate(w.layers):
-        qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, w.eps), into(i, 0))
+        qkv = layer.qkv(norm(hidden, layer.input_norm), into(i, 0))
         # queries and keys rotate together: they are the first columns of qkv
         rotated = rotate(qkv[..., : heads * dim].view(rows, new, heads, dim), cos, sin)
         values = qkv[..., heads * dim:].view(rows, new, w.kv_heads, dim)
         attended = attend(i, rotated[:, :, : w.heads], rotated[:, :, w.heads:], values)
         out = layer.out(attended, into(i, 1))
         hidden = hidden + out
-        gate_up = layer.gate_up(_rms_norm(hidden, layer.post_norm, w.eps), into(i, 2))
+        gate_up = layer.gate_up(norm(hidden, layer.post_norm), into(i, 2))
         gate, up = gate_up.chunk(2, dim=-1)
         down = layer.down(F.silu(gate) * up, into(i, 3))
         hidden = hidden + down
-    return w.lm_head(_rms_norm(hidden[:, -1], w.norm, w.eps), logits_into)
+    return w.lm_head(norm(hidden[:, -1], w.norm), logits_into)
 
 
 def _slots(record: RecordedForward | None, slots: slice):
@@ -365,7 +382,7 @@ def decode(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
     def attend(i: int, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
         cache.keys[i, :, :, column] = keys[:, 0]
         cache.values[i, :, :, column] = values[:, 0]
-        return _attend_decode(queries[:, 0], cache, i)[:, None]
+        return _attend_decode(queries[:, 0], cache, i, w.native)[:, None]
 
     return _layers(w, tokens[:, None], positions[:, None], attend, _slots(record, slots),
                    None if record is None else record.logits[slots])

@@ -1,16 +1,20 @@
-"""postrl's own float32 linear for the lean sampler (``gemm.c``), compiled on first use.
+"""postrl's own float32 kernels for the lean sampler, in C, compiled on first use.
 
-At a decode step's 1 to 32 rows, oneDNN's packed float32 linear leaves about a fifth of the
-time it takes on the table: measured on an AVX-512 CPU (2 cores, SmolLM2's 121 linears of one
-decode step, the weights streamed from memory), ``gemm.c`` takes 0.78-0.85× its time at 2 to
-32 rows (docs/performance.md, "postrl's own float32 linear").
+- ``gemm.c``, the linear layers: at a decode step's 1 to 32 rows oneDNN's packed float32
+  linear leaves about a fifth of its time on the table; measured on an AVX-512 CPU (2 cores,
+  SmolLM2's 121 linears of one decode step, the weights streamed from memory), ``gemm.c``
+  takes 0.78-0.85× its time at 2 to 32 rows.
+- ``decode.c``, RMSNorm and the decode step's attention over each row's own columns: one call
+  each per layer instead of PyTorch's several small operations (0.92× the time of a decode
+  step with both in PyTorch, at 2 to 32 rows).
 
-The C source ships with the package and is compiled once per source, compiler and CPU with the
-system's C compiler (``$CC``, else ``cc``) into ``native/`` in postrl's cache
-(``$POSTRL_CACHE``, default ``~/.cache/postrl``). It is not used, and the sampler keeps
-oneDNN's linear, when the CPU has no AVX-512F, no compiler is found or the build fails,
-loading it would bring a second OpenMP runtime next to PyTorch's, or
-``POSTRL_NATIVE_LINEAR=0``; :func:`unavailable_reason` says which.
+(docs/performance.md, "postrl's own float32 kernels".) The C sources ship with the package
+and are compiled once per source, compiler and CPU with the system's C compiler (``$CC``,
+else ``cc``) into ``native/`` in postrl's cache (``$POSTRL_CACHE``, default
+``~/.cache/postrl``). They are not used, and the sampler keeps PyTorch's and oneDNN's
+kernels, when the CPU has no AVX-512F, no compiler is found or the build fails, loading them
+would bring a second OpenMP runtime next to PyTorch's, or ``POSTRL_NATIVE_KERNELS=0``;
+:func:`unavailable_reason` says which.
 """
 
 from __future__ import annotations
@@ -29,28 +33,36 @@ from torch import Tensor
 
 from postrl.models.loading import cache_dir as postrl_cache
 
-SOURCE = Path(__file__).with_name("gemm.c")
-SWITCH = "POSTRL_NATIVE_LINEAR"  # "0": never use it
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemm.c", "decode.c"))
+SWITCH = "POSTRL_NATIVE_KERNELS"  # "0": never use them
 PANEL = 32  # output columns per packed panel (gemm.c's NR)
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 
 
 class NativeUnavailable(RuntimeError):
-    """Why the native linear cannot be used here."""
+    """Why the native kernels cannot be used here."""
 
 
-class NativeLinear:
-    """The loaded library: :meth:`pack` a weight once, then multiply by it."""
+def _function(library: ctypes.CDLL, name: str, *argtypes):
+    function = getattr(library, name)
+    function.argtypes, function.restype = list(argtypes), None
+    return function
+
+
+class NativeKernels:
+    """The loaded library: :meth:`pack` a weight once, then :meth:`linear` multiplies by it;
+    :meth:`rms_norm`; :meth:`attend_rows`. Float32 CPU tensors only."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        pointer, size = ctypes.c_void_p, ctypes.c_int64
-        self._pack = library.postrl_pack
-        self._pack.argtypes = [pointer, pointer, size, size]
-        self._pack.restype = None
-        self._linear = library.postrl_linear
-        self._linear.argtypes = [pointer, size, size, pointer, pointer, size, pointer,
-                                 ctypes.c_int]
-        self._linear.restype = None
+        pointer, size, real, count = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+        self._pack = _function(library, "postrl_pack", pointer, pointer, size, size)
+        self._linear = _function(library, "postrl_linear", pointer, size, size, pointer,
+                                 pointer, size, pointer, count)
+        self._rms_norm = _function(library, "postrl_rms_norm", pointer, pointer, pointer, size,
+                                   size, real, count)
+        self._attend_rows = _function(library, "postrl_attend_rows", pointer, size, pointer,
+                                      pointer, size, size, pointer, size, pointer, size, size,
+                                      size, size, size, real, count)
 
     def pack(self, weights: list[Tensor]) -> Tensor:
         """The row-concatenation of ``weights`` (each ``[out, in]``) as float32 panels of 32
@@ -72,8 +84,8 @@ class NativeLinear:
         padded[: len(bias)] = bias.detach()
         return padded
 
-    def __call__(self, x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int,
-                 out: Tensor | None = None) -> Tensor:
+    def linear(self, x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int,
+               out: Tensor | None = None) -> Tensor:
         """``x [..., in] W^T + bias`` for a packed ``W``, float32, ``[..., out_features]``;
         written into ``out`` (contiguous, ``[rows, out_features]``) when given."""
         leading, in_features = x.shape[:-1], x.shape[-1]
@@ -92,9 +104,44 @@ class NativeLinear:
                      torch.get_num_threads())
         return out.view(*leading, out_features)
 
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
+        x = x.contiguous()
+        if x.dtype != torch.float32 or weight.shape != x.shape[-1:]:
+            raise ValueError(f"native rms_norm: float32 rows of {tuple(weight.shape)} expected, "
+                             f"got {x.dtype} {tuple(x.shape)}")
+        out = torch.empty_like(x)
+        self._rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(),
+                       x.numel() // max(x.shape[-1], 1), x.shape[-1], eps,
+                       torch.get_num_threads())
+        return out
 
-def native_linear() -> NativeLinear | None:
-    """The native linear, built and loaded on first call; None where it is not used."""
+    def attend_rows(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+        """Each row's queries ``q [rows, kv_heads, group, dim]`` over its own columns
+        ``keys``/``values [rows, kv_heads, columns, dim]`` under the additive ``mask [rows, 1,
+        1, columns]``, scaled by ``dim ** -0.5``: ``[rows, kv_heads, group, dim]``. The layouts
+        are a decode step's: views of the KV cache and of the rotated projections (unit
+        strides within a head and between a group's heads)."""
+        rows, kv_heads, group, dim = q.shape
+        columns = keys.shape[2]
+        if not (q.dtype == keys.dtype == values.dtype == mask.dtype == torch.float32
+                and q.stride()[1:] == (group * dim, dim, 1)
+                and keys.stride() == values.stride() and keys.stride()[2:] == (dim, 1)
+                and keys.shape == values.shape == (rows, kv_heads, columns, dim)
+                and mask.shape == (rows, 1, 1, columns) and mask.stride(-1) == 1):
+            raise ValueError("native attend_rows: float32 decode-step layouts expected, got "
+                             f"q {tuple(q.shape)} {q.stride()}, keys {tuple(keys.shape)} "
+                             f"{keys.stride()}, mask {tuple(mask.shape)} {mask.stride()}")
+        out = torch.empty((rows, kv_heads, group, dim), dtype=torch.float32)
+        self._attend_rows(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(),
+                          keys.stride(0), keys.stride(1), mask.data_ptr(), mask.stride(0),
+                          out.data_ptr(), rows, kv_heads, group, dim, columns, dim ** -0.5,
+                          torch.get_num_threads())
+        return out
+
+
+def native_kernels() -> NativeKernels | None:
+    """The native kernels, built and loaded on first call; None where they are not used."""
     if os.environ.get(SWITCH, "1") == "0":
         return None
     library, _ = _load()
@@ -102,14 +149,14 @@ def native_linear() -> NativeLinear | None:
 
 
 def unavailable_reason() -> str | None:
-    """Why :func:`native_linear` returns None (None when it does not)."""
+    """Why :func:`native_kernels` returns None (None when it does not)."""
     if os.environ.get(SWITCH, "1") == "0":
         return f"{SWITCH}=0"
     return _load()[1]
 
 
 @functools.cache
-def _load() -> tuple[NativeLinear | None, str | None]:
+def _load() -> tuple[NativeKernels | None, str | None]:
     try:
         path = _build()
         runtimes = _openmp_runtimes()
@@ -117,11 +164,11 @@ def _load() -> tuple[NativeLinear | None, str | None]:
         added = _openmp_runtimes() - runtimes
         if runtimes and added:
             return None, f"{path.name} loads another OpenMP runtime ({sorted(added)})"
-        return NativeLinear(library), None
+        return NativeKernels(library), None
     except NativeUnavailable as error:
         return None, str(error)
     except OSError as error:
-        return None, f"cannot build or load {SOURCE.name}: {error}"
+        return None, f"cannot build or load the native kernels: {error}"
 
 
 def cache_dir() -> Path:
@@ -145,28 +192,31 @@ def _compiler() -> str | None:
 
 
 def _build() -> Path:
-    """The library for this source, compiler and CPU, compiled now unless already cached."""
+    """The library for these sources, compiler and CPU, compiled now unless already cached."""
     compiler = _compiler()
     if not compiler:
         raise NativeUnavailable("no C compiler: neither $CC, cc nor gcc")
     key = hashlib.sha256(b"\0".join(
-        [SOURCE.read_bytes(), " ".join(_FLAGS).encode(), compiler.encode(), _cpu().encode()]
+        [*(source.read_bytes() for source in SOURCES), " ".join(_FLAGS).encode(),
+         compiler.encode(), _cpu().encode()]
     )).hexdigest()[:16]
     directory = cache_dir()
-    target = directory / f"linear-{key}.so"
+    target = directory / f"kernels-{key}.so"
     if target.exists():
         return target
     directory.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.part")
+    names = " and ".join(source.name for source in SOURCES)
     try:
-        built = subprocess.run([compiler, *_FLAGS, str(SOURCE), "-o", str(partial)],
+        built = subprocess.run([compiler, *_FLAGS, *map(str, SOURCES), "-o", str(partial), "-lm"],
                                capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise NativeUnavailable(f"{compiler} could not build {SOURCE.name}: {error}") from error
+        raise NativeUnavailable(f"{compiler} could not build {names}: {error}") from error
     if built.returncode != 0:
-        last = (built.stderr.strip().splitlines() or ["no message"])[-1]
+        lines = built.stderr.strip().splitlines() or ["no message"]
+        errors = [line for line in lines if "error" in line]
         partial.unlink(missing_ok=True)
-        raise NativeUnavailable(f"{compiler} could not build {SOURCE.name}: {last}")
+        raise NativeUnavailable(f"{compiler} could not build {names}: {(errors or lines)[0]}")
     os.replace(partial, target)  # atomic: a concurrent process sees all of it or nothing
     return target
 

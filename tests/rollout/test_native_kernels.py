@@ -1,6 +1,6 @@
-"""postrl's own float32 linear for the lean sampler (``gemm.c``): the product of a float64
-reference, the sampler's logits with it or without it, and a clear fallback where it cannot
-be built."""
+"""postrl's own float32 kernels for the lean sampler (``gemm.c``, ``decode.c``): the linear
+against a float64 product, RMSNorm and attention against PyTorch's, the sampler's logits with
+them or without them, and a clear fallback where they cannot be built."""
 
 import pytest
 import torch
@@ -9,8 +9,8 @@ from postrl.rollout import HFRolloutEngine, SamplingParams, native
 from postrl.rollout.hf import left_padded
 from postrl.rollout.lean import LeanDecoder, LeanWeights
 
-needs_native = pytest.mark.skipif(native.native_linear() is None,
-                                  reason=f"no native linear: {native.unavailable_reason()}")
+needs_native = pytest.mark.skipif(native.native_kernels() is None,
+                                  reason=f"no native kernels: {native.unavailable_reason()}")
 
 
 @pytest.fixture
@@ -32,18 +32,18 @@ def test_the_native_linear_is_the_float64_product(rows, parts, inputs):
     generator = torch.Generator().manual_seed(rows * 1000 + inputs)
     weights = [torch.randn(n, inputs, generator=generator) for n in parts]
     x = torch.randn(rows, 2, inputs, generator=generator)[:, 1]  # not contiguous
-    linear = native.native_linear()
-    packed = linear.pack(weights)
+    kernels = native.native_kernels()
+    packed = kernels.pack(weights)
     weight = torch.cat(weights)
     bias = torch.randn(len(weight), generator=generator)
     for b in (None, bias):
-        out = linear(x, packed, linear.pad_bias(b), len(weight))
+        out = kernels.linear(x, packed, kernels.pad_bias(b), len(weight))
         expected = x.double() @ weight.double().T + (0 if b is None else b.double())
         assert out.dtype == torch.float32 and out.shape == (rows, len(weight))
         torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
-    batched = linear(x.reshape(1, rows, inputs), packed, None, len(weight))
-    assert torch.equal(batched[0], linear(x, packed, None, len(weight)))
-    assert linear(x[:0], packed, None, len(weight)).shape == (0, len(weight))
+    batched = kernels.linear(x.reshape(1, rows, inputs), packed, None, len(weight))
+    assert torch.equal(batched[0], kernels.linear(x, packed, None, len(weight)))
+    assert kernels.linear(x[:0], packed, None, len(weight)).shape == (0, len(weight))
 
 
 @needs_native
@@ -52,45 +52,85 @@ def test_it_writes_into_a_given_output_and_refuses_one_it_cannot_fill():
     tensor."""
     generator = torch.Generator().manual_seed(0)
     weight, x = torch.randn(40, 16, generator=generator), torch.randn(5, 16, generator=generator)
-    linear = native.native_linear()
-    packed, record = linear.pack([weight]), torch.zeros(9, 40)
-    out = linear(x[:, None], packed, None, 40, record[2:7])
+    kernels = native.native_kernels()
+    packed, record = kernels.pack([weight]), torch.zeros(9, 40)
+    out = kernels.linear(x[:, None], packed, None, 40, record[2:7])
     assert out.shape == (5, 1, 40) and out.data_ptr() == record[2].data_ptr()
     torch.testing.assert_close(record[2:7], x @ weight.T, rtol=1e-5, atol=1e-5)
     assert not record[:2].any() and not record[7:].any()
     for wrong in (torch.zeros(5, 41), torch.zeros(40, 5).T, torch.zeros(5, 40).double()):
         with pytest.raises(ValueError, match="out must be a contiguous float32"):
-            linear(x, packed, None, 40, wrong)
+            kernels.linear(x, packed, None, 40, wrong)
 
 
 @needs_native
-def test_the_lean_sampler_runs_it_in_float32_only(tiny):
+@pytest.mark.parametrize("width", [64, 576, 23])
+@pytest.mark.parametrize("rows", [1, 6, 300])
+def test_rms_norm_is_pytorchs(width, rows):
+    generator = torch.Generator().manual_seed(width + rows)
+    x = torch.randn(rows, 2, width, generator=generator) * 3
+    weight = torch.randn(width, generator=generator)
+    for view in (x, x[:, 1]):  # a batch of rows, and a non-contiguous view
+        torch.testing.assert_close(native.native_kernels().rms_norm(view, weight, 1e-5),
+                                   torch.nn.functional.rms_norm(view, (width,), weight, 1e-5),
+                                   rtol=2e-6, atol=2e-6)
+
+
+@needs_native
+@pytest.mark.parametrize("dim", [64, 24])
+@pytest.mark.parametrize("columns", [1, 17, 150])
+@pytest.mark.parametrize("rows", [1, 9])
+def test_attention_over_each_rows_columns_is_pytorchs(dim, columns, rows):
+    """Views as a decode step has them: queries in the rotated projections (query heads,
+    then key heads), keys and values the first columns of a longer cache, the mask a row
+    mask's first columns with left padding masked out (a large negative, as the cache's)."""
+    generator = torch.Generator().manual_seed(dim * columns + rows)
+    kv_heads, group = 3, 3
+    rotated = torch.randn(rows, 1, kv_heads * group + kv_heads, dim, generator=generator)
+    q = rotated[:, 0, : kv_heads * group].view(rows, kv_heads, group, dim)
+    keys, values = (torch.randn(rows, kv_heads, columns + 5, dim, generator=generator) * 2
+                    for _ in range(2))
+    row_mask = torch.zeros(rows, columns + 5)
+    row_mask[1:, : columns // 3] = torch.finfo(torch.float32).min
+    args = (q, keys[:, :, :columns], values[:, :, :columns], row_mask[:, None, None, :columns])
+    expected = torch.nn.functional.scaled_dot_product_attention(*args[:3], attn_mask=args[3])
+    torch.testing.assert_close(native.native_kernels().attend_rows(*args), expected,
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="decode-step layouts"):
+        native.native_kernels().attend_rows(q.contiguous().transpose(1, 2), *args[1:])
+
+
+@needs_native
+def test_the_lean_sampler_runs_them_in_float32_only(tiny):
     model, _ = tiny
     fp32 = LeanWeights.of(model, torch.float32, rows=4)
     bf16 = LeanWeights.of(model, torch.bfloat16, rows=4)
-    assert fp32.lm_head.native is not None and fp32.layers[0].qkv.native is not None
-    assert bf16.lm_head.native is None
+    assert fp32.native is not None and fp32.lm_head.native is not None
+    assert fp32.layers[0].qkv.native is not None
+    assert bf16.native is None and bf16.lm_head.native is None
 
 
 @needs_native
 def test_decode_steps_give_the_same_logits_with_and_without_it(tiny, monkeypatch):
-    """Prefill and three decode steps of 3 prompts x 2 samples, with postrl's linear and with
-    oneDNN's (or plain matmuls), from the same tokens."""
+    """Prefill and three decode steps of 3 prompts x 2 samples, with postrl's kernels and
+    with PyTorch's and oneDNN's, from the same tokens, with the prompts' columns shared and
+    copied to each row."""
     model, tokenizer = tiny
     texts = [tokenizer(t, add_special_tokens=False).input_ids
              for t in ("What is 2 + 3?", "Name a colour.", "Hi")]
     outputs = []
-    for switch in ("1", "0"):
+    for switch, share_from in (("1", 1), ("0", 1), ("1", 10**6), ("0", 10**6)):
         monkeypatch.setenv(native.SWITCH, switch)
         weights = LeanWeights.of(model, torch.float32, rows=6)
-        assert (weights.lm_head.native is not None) == (switch == "1")
-        decoder = LeanDecoder(weights, *left_padded(texts, 0), 2, 3, share_from=1)
+        assert (weights.native is not None) == (switch == "1")
+        decoder = LeanDecoder(weights, *left_padded(texts, 0), 2, 3, share_from=share_from)
         logits = [decoder.first_logits]
         positions = torch.tensor([len(t) for t in texts]).repeat_interleave(2)
         for step in range(3):
             logits.append(decoder.step(torch.arange(6) * 11 + step, positions + step))
         outputs.append(torch.stack(logits))
-    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-4, rtol=0)
+    for other in outputs[1:]:
+        torch.testing.assert_close(outputs[0], other, atol=1e-4, rtol=0)
 
 
 @needs_native
@@ -100,17 +140,17 @@ def test_it_is_built_once_and_then_loaded_from_the_cache(fresh_build, monkeypatc
     compiler.write_text(f'#!/bin/sh\necho built >> {calls}\nexec {real} "$@"\n')
     compiler.chmod(0o755)
     monkeypatch.setenv("CC", str(compiler))
-    assert native.native_linear() is not None
+    assert native.native_kernels() is not None
     native._load.cache_clear()
-    assert native.native_linear() is not None
+    assert native.native_kernels() is not None
     assert calls.read_text() == "built\n"
-    assert [p.name.startswith("linear-") for p in fresh_build.iterdir()] == [True]
+    assert [p.name.startswith("kernels-") for p in fresh_build.iterdir()] == [True]
 
 
 def test_without_a_compiler_the_sampler_keeps_onednn_and_says_why(tiny, fresh_build,
                                                                   monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    assert native.native_linear() is None
+    assert native.native_kernels() is None
     assert "/nonexistent/cc" in native.unavailable_reason()
     model, tokenizer = tiny
     weights = LeanWeights.of(model, torch.float32, rows=4)
@@ -122,21 +162,23 @@ def test_without_a_compiler_the_sampler_keeps_onednn_and_says_why(tiny, fresh_bu
 
 def test_a_failing_build_names_the_compilers_message(fresh_build, monkeypatch, tmp_path):
     compiler = tmp_path / "cc"
-    compiler.write_text("#!/bin/sh\necho 'gemm.c:1: error: no AVX-512 here' >&2\nexit 1\n")
+    compiler.write_text("#!/bin/sh\necho 'In file included from gemm.c:1:' >&2\n"
+                        "echo 'gemm.c:2: error: no AVX-512 here' >&2\necho '  2 | #' >&2\n"
+                        "exit 1\n")
     compiler.chmod(0o755)
     monkeypatch.setenv("CC", str(compiler))
-    assert native.native_linear() is None
-    assert native.unavailable_reason().endswith("gemm.c:1: error: no AVX-512 here")
+    assert native.native_kernels() is None
+    assert native.unavailable_reason().endswith("gemm.c:2: error: no AVX-512 here")
     assert not list(fresh_build.glob("*"))  # nothing half-built stays
 
 
 def test_it_can_be_switched_off(monkeypatch):
     monkeypatch.setenv(native.SWITCH, "0")
-    assert native.native_linear() is None
+    assert native.native_kernels() is None
     assert native.unavailable_reason() == f"{native.SWITCH}=0"
 
 
 @needs_native
-def test_it_shares_pytorchs_openmp_runtime():
+def test_they_share_pytorchs_openmp_runtime():
     runtimes = native._openmp_runtimes()
     assert len(runtimes) <= 1, runtimes

@@ -1,7 +1,8 @@
-"""The lean sampler's float32 linears by postrl's own kernel (``postrl/rollout/gemm.c``)
-against oneDNN's packed linear (what it ran before), alternated in one process.
+"""The lean sampler in float32 with postrl's own kernels (``postrl/rollout/gemm.c`` and
+``decode.c``: linears, RMSNorm, decode attention) against PyTorch's and oneDNN's (what it
+ran before), alternated in one process.
 
-    python bench/native_linear_ab.py [--reps 8]
+    python bench/native_kernels_ab.py [--reps 8]
 
 ``bench/vs_trl.py``'s first prompts (SmolLM2, fp32, 4 prompts x 8, 64 new tokens): one
 ``generate`` samples their responses; then, each way ``reps`` times (ABBA order), the
@@ -34,8 +35,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=8, help="runs of each way")
     args = parser.parse_args()
-    if native.native_linear() is None:
-        raise SystemExit(f"the native linear is not available: {native.unavailable_reason()}")
+    if native.native_kernels() is None:
+        raise SystemExit(f"the native kernels are not available: {native.unavailable_reason()}")
     trainer = Trainer(postrl_config(1, seed=0))
     engine = trainer.engine
     prompts = first_prompt_ids(trainer)
@@ -58,7 +59,8 @@ def main() -> None:
           f"medians of {args.reps - 2} runs each way:")
     for part in ("pack", "decode", "both"):
         before, after = (statistics.median(times[way][part][2:]) for way in (False, True))
-        print(f"  {part:<7} oneDNN {before:.3f} s, native {after:.3f} s ({after / before:.3f})")
+        print(f"  {part:<7} PyTorch/oneDNN {before:.3f} s, native {after:.3f} s "
+              f"({after / before:.3f})")
 
 
 if __name__ == "__main__":
