@@ -107,7 +107,8 @@ class NativeKernels:
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
         x = x.contiguous()
-        if x.dtype != torch.float32 or weight.shape != x.shape[-1:]:
+        if (x.dtype != torch.float32 or weight.dtype != torch.float32
+                or weight.shape != x.shape[-1:] or not weight.is_contiguous()):
             raise ValueError(f"native rms_norm: float32 rows of {tuple(weight.shape)} expected, "
                              f"got {x.dtype} {tuple(x.shape)}")
         out = torch.empty_like(x)

@@ -74,6 +74,8 @@ def test_rms_norm_is_pytorchs(width, rows):
         torch.testing.assert_close(native.native_kernels().rms_norm(view, weight, 1e-5),
                                    torch.nn.functional.rms_norm(view, (width,), weight, 1e-5),
                                    rtol=2e-6, atol=2e-6)
+    with pytest.raises(ValueError, match="native rms_norm"):
+        native.native_kernels().rms_norm(x, weight.double(), 1e-5)
 
 
 @needs_native
