@@ -2,6 +2,9 @@
 against a float64 product, RMSNorm and attention against PyTorch's, the sampler's logits with
 them or without them, and a clear fallback where they cannot be built."""
 
+from fnmatch import fnmatch
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -184,3 +187,14 @@ def test_it_can_be_switched_off(monkeypatch):
 def test_they_share_pytorchs_openmp_runtime():
     runtimes = native._openmp_runtimes()
     assert len(runtimes) <= 1, runtimes
+
+
+def test_the_package_ships_every_source_it_compiles():
+    """An installed (not editable) postrl must carry the C sources: pyproject's package data
+    names them for ``postrl.rollout``."""
+    tomllib = pytest.importorskip("tomllib")
+    project = Path(native.__file__).parents[2] / "pyproject.toml"
+    data = tomllib.loads(project.read_text())["tool"]["setuptools"]["package-data"]
+    for source in native.SOURCES:
+        assert source.exists() and source.parent.name == "rollout"
+        assert any(fnmatch(source.name, pattern) for pattern in data["postrl.rollout"]), source
