@@ -129,7 +129,7 @@ def test_without_onednn_the_lean_forward_uses_plain_matmuls(tiny, monkeypatch):
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     packed = HFRolloutEngine(model, tokenizer).generate(prompts(tokenizer), 2, params, seed=4)
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    monkeypatch.setenv(native.SWITCH, "0")  # nor postrl's own linear
+    monkeypatch.setenv(native.SWITCH, "0")  # nor postrl's own kernels
     weights = LeanWeights.of(model, torch.float32, rows=6)
     assert not weights.lm_head.packed and weights.lm_head.native is None
     assert weights.lm_head.weight.shape == model.lm_head.weight.shape
