@@ -7,17 +7,9 @@
  * own cached columns, the G query heads of a group reading their shared key/value head, with
  * the softmax in float32 as PyTorch's kernels compute it.
  */
-#ifndef __AVX512F__
-#error "postrl's native kernels need AVX-512F"
-#endif
-
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 
-static inline __mmask16 lanes(int64_t count) {
-    return count >= 16 ? (__mmask16)0xFFFF : count <= 0 ? 0 : (__mmask16)((1u << count) - 1);
-}
+#include "simd.h"
 
 /* Sum of a[i] * b[i], i < n. */
 static inline float dot(const float *a, const float *b, int64_t n) {

@@ -12,13 +12,9 @@
  * Built by postrl.rollout.native on first use (-O3 -march=native -fopenmp); it shares
  * PyTorch's OpenMP runtime, whose thread count the caller passes.
  */
-#ifndef __AVX512F__
-#error "postrl's native linear needs AVX-512F"
-#endif
-
-#include <immintrin.h>
 #include <stddef.h>
-#include <stdint.h>
+
+#include "simd.h"
 
 #define NR 32     /* output columns per panel: two 16-float vectors */
 #define MR_MAX 14 /* rows per block: 2 * 14 accumulators + 2 weight vectors of 32 registers */
@@ -36,10 +32,6 @@ void postrl_pack(const float *w, float *packed, int64_t n, int64_t k) {
             for (int64_t kk = 0; kk < k; kk++) dst[kk * NR + j] = col < n ? src[kk] : 0.0f;
         }
     }
-}
-
-static inline __mmask16 first(int64_t count) {
-    return count >= 16 ? (__mmask16)0xFFFF : count <= 0 ? 0 : (__mmask16)((1u << count) - 1);
 }
 
 /* Rows x[0..MR) (stride ldx) times one panel into y (stride ldy), `cols` valid columns;
@@ -65,7 +57,7 @@ static inline __mmask16 first(int64_t count) {
                 hi[i] = _mm512_fmadd_ps(a, w1, hi[i]);                                      \
             }                                                                               \
         }                                                                                   \
-        __mmask16 m0 = first(cols), m1 = first(cols - 16);                                  \
+        __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16);                                  \
         for (int i = 0; i < MR; i++) {                                                      \
             _mm512_mask_storeu_ps(y + i * ldy, m0, lo[i]);                                  \
             _mm512_mask_storeu_ps(y + i * ldy + 16, m1, hi[i]);                             \

@@ -34,6 +34,7 @@ from torch import Tensor
 from postrl.models.loading import cache_dir as postrl_cache
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemm.c", "decode.c"))
+HEADERS = (Path(__file__).with_name("simd.h"),)  # included by the sources
 SWITCH = "POSTRL_NATIVE_KERNELS"  # "0": never use them
 PANEL = 32  # output columns per packed panel (gemm.c's NR)
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
@@ -198,7 +199,7 @@ def _build() -> Path:
     if not compiler:
         raise NativeUnavailable("no C compiler: neither $CC, cc nor gcc")
     key = hashlib.sha256(b"\0".join(
-        [*(source.read_bytes() for source in SOURCES), " ".join(_FLAGS).encode(),
+        [*(file.read_bytes() for file in SOURCES + HEADERS), " ".join(_FLAGS).encode(),
          compiler.encode(), _cpu().encode()]
     )).hexdigest()[:16]
     directory = cache_dir()

@@ -190,11 +190,11 @@ def test_they_share_pytorchs_openmp_runtime():
 
 
 def test_the_package_ships_every_source_it_compiles():
-    """An installed (not editable) postrl must carry the C sources: pyproject's package data
-    names them for ``postrl.rollout``."""
+    """An installed (not editable) postrl must carry the C sources and their header:
+    pyproject's package data names them for ``postrl.rollout``."""
     tomllib = pytest.importorskip("tomllib")
     project = Path(native.__file__).parents[2] / "pyproject.toml"
     data = tomllib.loads(project.read_text())["tool"]["setuptools"]["package-data"]
-    for source in native.SOURCES:
+    for source in native.SOURCES + native.HEADERS:
         assert source.exists() and source.parent.name == "rollout"
         assert any(fnmatch(source.name, pattern) for pattern in data["postrl.rollout"]), source
