@@ -106,6 +106,24 @@ def test_attention_over_each_rows_columns_is_pytorchs(dim, columns, rows):
 
 
 @needs_native
+@pytest.mark.parametrize("masked", [1, 16, 40])
+def test_masked_columns_weigh_exactly_nothing(masked):
+    """A masked column's exponential is 0, as PyTorch's: not the smallest float the
+    polynomial reaches (about 1e-38, which would show against values of 1e36, and whose
+    subnormal products take the CPU's slow path)."""
+    generator = torch.Generator().manual_seed(masked)
+    rows, columns, dim = 4, 50, 64
+    q = torch.randn(rows, 3, 3, dim, generator=generator)
+    keys, values = (torch.randn(rows, 3, columns, dim, generator=generator) for _ in range(2))
+    values[:, :, :masked] = 1e36
+    mask = torch.zeros(rows, 1, 1, columns)
+    mask[..., :masked] = torch.finfo(torch.float32).min  # as the cache masks left padding
+    expected = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    torch.testing.assert_close(native.native_kernels().attend_rows(q, keys, values, mask),
+                               expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
 def test_the_lean_sampler_runs_them_in_float32_only(tiny):
     model, _ = tiny
     fp32 = LeanWeights.of(model, torch.float32, rows=4)
