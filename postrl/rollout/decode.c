@@ -1,11 +1,14 @@
-/* postrl's float32 RMSNorm and decode attention for the lean sampler, AVX-512.
+/* postrl's float32 decode-step kernels for the lean sampler, AVX-512: everything a decoder
+ * layer does between its linears.
  *
  * Between its linears, a decode step runs small operations on a few rows: PyTorch spends more
  * on dispatching them than on their arithmetic (at 32 rows, SmolLM2's 30 layers of attention
  * took 11 ms of a 60 ms step, their RMSNorms 3 ms; docs/performance.md). Here each is one
- * call per layer: RMSNorm in one pass per row; the attention of each row's queries over its
- * own cached columns, the G query heads of a group reading their shared key/value head, with
- * the softmax in float32 as PyTorch's kernels compute it.
+ * call per layer: the rotary embedding of queries and keys, stored with the values straight
+ * into the KV cache's column; the residual add with the RMSNorm after it, in one pass per
+ * row; SiLU(gate) * up; the attention of each row's queries over its own cached columns, the
+ * G query heads of a group reading their shared key/value head, with the softmax in float32
+ * as PyTorch's kernels compute it.
  */
 #include <math.h>
 
@@ -43,19 +46,97 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n));
 }
 
+/* out = x / sqrt(mean(x^2) + eps) * weight, one row of `width`. */
+static inline void norm_row(const float *x, const float *weight, float *out, int64_t width,
+                            float eps) {
+    __m512 s = _mm512_set1_ps(1.0f / sqrtf(dot(x, x, width) / (float)width + eps));
+    for (int64_t i = 0; i < width; i += 16) {
+        __mmask16 m = lanes(width - i);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), s);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, weight + i)));
+    }
+}
+
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, rows of `width` (contiguous). */
 void postrl_rms_norm(const float *x, const float *weight, float *y, int64_t rows,
                      int64_t width, float eps, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * width > 65536)
+    for (int64_t r = 0; r < rows; r++) norm_row(x + r * width, weight, y + r * width, width, eps);
+}
+
+/* The residual stream and the norm after it: hidden[r] += delta[r] (in place), then
+ * y[r] = RMSNorm(hidden[r]) * weight; rows of `width`, contiguous. */
+void postrl_add_rms_norm(float *hidden, const float *delta, const float *weight, float *y,
+                         int64_t rows, int64_t width, float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * width > 65536)
     for (int64_t r = 0; r < rows; r++) {
-        const float *in = x + r * width;
-        float *out = y + r * width;
-        float scale = 1.0f / sqrtf(dot(in, in, width) / (float)width + eps);
-        __m512 s = _mm512_set1_ps(scale);
+        float *h = hidden + r * width;
+        const float *d = delta + r * width;
         for (int64_t i = 0; i < width; i += 16) {
             __mmask16 m = lanes(width - i);
-            __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, in + i), s);
-            _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, weight + i)));
+            _mm512_mask_storeu_ps(h + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, h + i),
+                                                          _mm512_maskz_loadu_ps(m, d + i)));
+        }
+        norm_row(h, weight, y + r * width, width, eps);
+    }
+}
+
+/* y[r, j] = SiLU(x[r, j]) * x[r, width + j]: the gate and up halves of a fused projection,
+ * rows of 2 * width (contiguous); SiLU(g) = g / (1 + e^-g). */
+void postrl_silu_mul(const float *x, float *y, int64_t rows, int64_t width, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * width > 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = x + r * 2 * width, *up = gate + width;
+        float *out = y + r * width;
+        for (int64_t i = 0; i < width; i += 16) {
+            __mmask16 m = lanes(width - i);
+            __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+            __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+            __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(m, up + i)));
+        }
+    }
+}
+
+/* One head's rotary embedding: out = x * cos + rotate_half(x) * sin, rotate_half(x) being
+ * (-x[half:], x[:half]) (the Llama convention, as postrl.models.layers.rotate computes it:
+ * products rounded, then summed). */
+static inline void rotate_head(const float *x, const float *cos, const float *sin, float *out,
+                               int64_t dim) {
+    int64_t half = dim / 2;
+    for (int64_t i = 0; i < half; i += 16) {
+        __mmask16 m = lanes(half - i);
+        __m512 a = _mm512_maskz_loadu_ps(m, x + i), b = _mm512_maskz_loadu_ps(m, x + half + i);
+        __m512 c0 = _mm512_maskz_loadu_ps(m, cos + i), s0 = _mm512_maskz_loadu_ps(m, sin + i);
+        __m512 c1 = _mm512_maskz_loadu_ps(m, cos + half + i);
+        __m512 s1 = _mm512_maskz_loadu_ps(m, sin + half + i);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_sub_ps(_mm512_mul_ps(a, c0), _mm512_mul_ps(b, s0)));
+        _mm512_mask_storeu_ps(out + half + i, m,
+                              _mm512_add_ps(_mm512_mul_ps(b, c1), _mm512_mul_ps(a, s1)));
+    }
+}
+
+/* A decode step's new column: qkv [rows, (heads + 2 kv_heads) * dim] (row stride qkv_row)
+ * holds each row's query heads, key heads and value heads; cos, sin [rows, dim]. The rotated
+ * queries go to queries [rows, heads, dim] (contiguous); the rotated keys and the values to
+ * the cache's column: keys, values at row stride kv_row and head stride kv_head. */
+void postrl_rotate_store(const float *qkv, int64_t qkv_row, const float *cos, const float *sin,
+                         float *queries, float *keys, float *values, int64_t kv_row,
+                         int64_t kv_head, int64_t rows, int64_t heads, int64_t kv_heads,
+                         int64_t dim, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 4)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *in = qkv + r * qkv_row, *c = cos + r * dim, *s = sin + r * dim;
+        for (int64_t h = 0; h < heads; h++)
+            rotate_head(in + h * dim, c, s, queries + (r * heads + h) * dim, dim);
+        for (int64_t h = 0; h < kv_heads; h++) {
+            float *key = keys + r * kv_row + h * kv_head, *value = values + r * kv_row + h * kv_head;
+            rotate_head(in + (heads + h) * dim, c, s, key, dim);
+            const float *v = in + (heads + kv_heads + h) * dim;
+            for (int64_t i = 0; i < dim; i += 16) {
+                __mmask16 m = lanes(dim - i);
+                _mm512_mask_storeu_ps(value + i, m, _mm512_maskz_loadu_ps(m, v + i));
+            }
         }
     }
 }

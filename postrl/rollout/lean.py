@@ -6,8 +6,8 @@ length), a copy of keys and values repeated over each group's query heads (eager
 and seven separately dispatched matmuls per layer whose weights oneDNN reorders at every call.
 Here, once per ``generate`` call, the projections are fused (q|k|v, gate|up), cast to the
 sampling dtype and reordered into oneDNN's blocked layout (in float32 on a CPU with AVX-512,
-packed for postrl's own kernels instead, which also run RMSNorm and each row's decode
-attention: :mod:`postrl.rollout.native`); the cache is allocated once for the
+packed for postrl's own kernels instead, which also run a decode step's work between the
+linears: :mod:`postrl.rollout.native`); the cache is allocated once for the
 whole response, each token writes one column, and attention (PyTorch's fused kernel, or two
 batched matmuls around a softmax where those are faster) lets the query heads of a group
 read their shared key/value head without a repeated copy. A prompt's
@@ -215,6 +215,34 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float,
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
+def _add_rms_norm(hidden: Tensor, delta: Tensor, weight: Tensor, eps: float,
+                  native: NativeKernels | None = None) -> Tensor:
+    """``hidden += delta`` in place (the residual stream), then :func:`_rms_norm` of it;
+    ``native``'s in one pass, if given."""
+    if native is not None:
+        return native.add_rms_norm(hidden, delta.view(hidden.shape), weight, eps)
+    return _rms_norm(hidden.add_(delta), weight, eps)
+
+
+def _silu_mul(gate_up: Tensor, native: NativeKernels | None = None) -> Tensor:
+    """``SiLU(gate) * up``, ``gate_up`` their fused projection (gate first)."""
+    if native is not None:
+        return native.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _split_rotated(w: LeanWeights, qkv: Tensor, cos: Tensor, sin: Tensor):
+    """Queries ``[rows, S, heads, dim]``, keys and values ``[rows, S, kv_heads, dim]`` from
+    the fused projection ``qkv [rows, S, width]``, queries and keys rotated."""
+    rows, new, _ = qkv.shape
+    dim, heads = w.head_dim, w.heads + w.kv_heads  # heads: of queries and keys together
+    # queries and keys rotate together: they are the first columns of qkv
+    rotated = rotate(qkv[..., : heads * dim].view(rows, new, heads, dim), cos, sin)
+    values = qkv[..., heads * dim:].view(rows, new, w.kv_heads, dim)
+    return rotated[:, :, : w.heads], rotated[:, :, w.heads:], values
+
+
 def _flash(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None):
     """PyTorch's fused CPU attention (softmax and weighted sum in float32), with the
     log-sum-exp of each query's scores: ``[B, H, L, dim]`` and ``[B, H, L]`` (float32)."""
@@ -310,34 +338,24 @@ def _attend_prompt(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) ->
 def _layers(w: LeanWeights, tokens: Tensor, positions: Tensor, attend,
             into: Callable[[int, int], Tensor] | None = None,
             logits_into: Tensor | None = None) -> Tensor:
-    """The decoder over ``tokens [rows, S]``; ``attend(layer, queries, keys, values)`` stores
-    the new keys and values and attends (queries ``[rows, S, heads, dim]``, keys and values
-    ``[rows, S, kv_heads, dim]``, all rotated but the values); ``into(layer, kind)``, when
-    given, is where each linear's output goes too (``[rows * S, width]``;
-    ``postrl.models.recorded.KINDS``), ``logits_into`` the logits'. The logits after the
-    last column, ``[rows, vocab]``."""
-    rows, new = tokens.shape
-    hidden = F.embedding(tokens, w.embed).to(w.dtype)
+    """The decoder over ``tokens [rows, S]``; ``attend(layer, qkv, cos, sin)`` rotates the
+    fused projection's queries and keys (``qkv [rows, S, width]``, ``cos``/``sin``
+    ``[rows, S, 1, dim]``), stores the new keys and values and attends (``[rows, S, heads *
+    dim]``); ``into(layer, kind)``, when given, is where each linear's output goes too
+    (``[rows * S, width]``; ``postrl.models.recorded.KINDS``), ``logits_into`` the logits'.
+    The logits after the last column, ``[rows, vocab]``."""
+    hidden = F.embedding(tokens, w.embed).to(w.dtype)  # a new tensor: added to in place
     cos, sin = (t[:, :, None] for t in w.rotary(hidden, positions))  # [rows, S, 1, head_dim]
-    dim, heads = w.head_dim, w.heads + w.kv_heads  # heads: of queries and keys together
     into = into or (lambda layer, kind: None)
-
-    def norm(x: Tensor, weight: Tensor) -> Tensor:
-        return _rms_norm(x, weight, w.eps, w.native)
-
+    normed = _rms_norm(hidden, w.layers[0].input_norm, w.eps, w.native)
     for i, layer in enumerate(w.layers):
-        qkv = layer.qkv(norm(hidden, layer.input_norm), into(i, 0))
-        # queries and keys rotate together: they are the first columns of qkv
-        rotated = rotate(qkv[..., : heads * dim].view(rows, new, heads, dim), cos, sin)
-        values = qkv[..., heads * dim:].view(rows, new, w.kv_heads, dim)
-        attended = attend(i, rotated[:, :, : w.heads], rotated[:, :, w.heads:], values)
-        out = layer.out(attended, into(i, 1))
-        hidden = hidden + out
-        gate_up = layer.gate_up(norm(hidden, layer.post_norm), into(i, 2))
-        gate, up = gate_up.chunk(2, dim=-1)
-        down = layer.down(F.silu(gate) * up, into(i, 3))
-        hidden = hidden + down
-    return w.lm_head(norm(hidden[:, -1], w.norm), logits_into)
+        attended = attend(i, layer.qkv(normed, into(i, 0)), cos, sin)
+        normed = _add_rms_norm(hidden, layer.out(attended, into(i, 1)), layer.post_norm, w.eps,
+                               w.native)
+        act = _silu_mul(layer.gate_up(normed, into(i, 2)), w.native)
+        following = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
+        normed = _add_rms_norm(hidden, layer.down(act, into(i, 3)), following, w.eps, w.native)
+    return w.lm_head(normed[:, -1], logits_into)
 
 
 def _slots(record: RecordedForward | None, slots: slice):
@@ -359,7 +377,8 @@ def prefill(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
     future = torch.ones((length, length), dtype=torch.bool).triu(1)
     mask = cache.prompt_mask[:, None, None, :].masked_fill(future, floor)
 
-    def attend(i: int, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+    def attend(i: int, qkv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        queries, keys, values = _split_rotated(w, qkv, cos, sin)
         cache.prompt_keys[i] = keys.transpose(1, 2)
         cache.prompt_values[i] = values.transpose(1, 2)
         return _attend_prompt(queries, keys, values, mask)
@@ -379,10 +398,16 @@ def decode(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
     column = cache.offset + cache.length
     cache.length += 1
 
-    def attend(i: int, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
-        cache.keys[i, :, :, column] = keys[:, 0]
-        cache.values[i, :, :, column] = values[:, 0]
-        return _attend_decode(queries[:, 0], cache, i, w.native)[:, None]
+    def attend(i: int, qkv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        keys, values = cache.keys[i, :, :, column], cache.values[i, :, :, column]
+        if w.native is not None:  # rotated and stored in one call
+            queries = w.native.rotate_store(qkv[:, 0], cos[:, 0, 0], sin[:, 0, 0], keys, values,
+                                            w.heads)
+        else:
+            queries, new_keys, new_values = (t[:, 0] for t in _split_rotated(w, qkv, cos, sin))
+            keys.copy_(new_keys)
+            values.copy_(new_values)
+        return _attend_decode(queries, cache, i, w.native)[:, None]
 
     return _layers(w, tokens[:, None], positions[:, None], attend, _slots(record, slots),
                    None if record is None else record.logits[slots])

@@ -4,8 +4,10 @@
   linear leaves about a fifth of its time on the table; measured on an AVX-512 CPU (2 cores,
   SmolLM2's 121 linears of one decode step, the weights streamed from memory), ``gemm.c``
   takes 0.78-0.85× its time at 2 to 32 rows.
-- ``decode.c``, RMSNorm and the decode step's attention over each row's own columns: one call
-  each per layer instead of PyTorch's several small operations (0.92× the time of a decode
+- ``decode.c``, what a decode step does between the linears: the rotary embedding with the
+  new keys and values stored into the cache, the residual add with its RMSNorm, SiLU(gate) ·
+  up, and the attention over each row's own columns, one call each per layer instead of
+  PyTorch's several small operations (RMSNorm and attention alone: 0.92× the time of a decode
   step with both in PyTorch, at 2 to 32 rows).
 
 (docs/performance.md, "postrl's own float32 kernels".) The C sources ship with the package
@@ -52,7 +54,8 @@ def _function(library: ctypes.CDLL, name: str, *argtypes):
 
 class NativeKernels:
     """The loaded library: :meth:`pack` a weight once, then :meth:`linear` multiplies by it;
-    :meth:`rms_norm`; :meth:`attend_rows`. Float32 CPU tensors only."""
+    :meth:`rms_norm`, :meth:`add_rms_norm`, :meth:`silu_mul`, :meth:`rotate_store`,
+    :meth:`attend_rows`. Float32 CPU tensors only."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         pointer, size, real, count = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -61,6 +64,12 @@ class NativeKernels:
                                  pointer, size, pointer, count)
         self._rms_norm = _function(library, "postrl_rms_norm", pointer, pointer, pointer, size,
                                    size, real, count)
+        self._add_rms_norm = _function(library, "postrl_add_rms_norm", pointer, pointer, pointer,
+                                       pointer, size, size, real, count)
+        self._silu_mul = _function(library, "postrl_silu_mul", pointer, pointer, size, size, count)
+        self._rotate_store = _function(library, "postrl_rotate_store", pointer, size, pointer,
+                                       pointer, pointer, pointer, pointer, size, size, size, size,
+                                       size, size, count)
         self._attend_rows = _function(library, "postrl_attend_rows", pointer, size, pointer,
                                       pointer, size, size, pointer, size, pointer, size, size,
                                       size, size, size, real, count)
@@ -117,6 +126,57 @@ class NativeKernels:
                        x.numel() // max(x.shape[-1], 1), x.shape[-1], eps,
                        torch.get_num_threads())
         return out
+
+    def add_rms_norm(self, hidden: Tensor, delta: Tensor, weight: Tensor, eps: float) -> Tensor:
+        """``hidden += delta`` in place (the residual stream), then :meth:`rms_norm` of it."""
+        if not (hidden.dtype == delta.dtype == weight.dtype == torch.float32
+                and hidden.shape == delta.shape and hidden.is_contiguous()
+                and delta.is_contiguous() and weight.shape == hidden.shape[-1:]
+                and weight.is_contiguous()):
+            raise ValueError(f"native add_rms_norm: contiguous float32 rows of "
+                             f"{tuple(weight.shape)} expected, got hidden {hidden.dtype} "
+                             f"{tuple(hidden.shape)}, delta {delta.dtype} {tuple(delta.shape)}")
+        out = torch.empty_like(hidden)
+        self._add_rms_norm(hidden.data_ptr(), delta.data_ptr(), weight.data_ptr(),
+                           out.data_ptr(), hidden.numel() // max(hidden.shape[-1], 1),
+                           hidden.shape[-1], eps, torch.get_num_threads())
+        return out
+
+    def silu_mul(self, gate_up: Tensor) -> Tensor:
+        """``SiLU(gate) * up`` of ``gate_up [..., 2 * width]`` (gate first), ``[..., width]``."""
+        gate_up = gate_up.contiguous()
+        if gate_up.dtype != torch.float32 or gate_up.shape[-1] % 2:
+            raise ValueError(f"native silu_mul: float32 rows of gate and up expected, got "
+                             f"{gate_up.dtype} {tuple(gate_up.shape)}")
+        width = gate_up.shape[-1] // 2
+        out = torch.empty((*gate_up.shape[:-1], width), dtype=torch.float32)
+        self._silu_mul(gate_up.data_ptr(), out.data_ptr(), out.numel() // max(width, 1), width,
+                       torch.get_num_threads())
+        return out
+
+    def rotate_store(self, qkv: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
+                     heads: int) -> Tensor:
+        """A decode step's new column: ``qkv [rows, (heads + 2 kv_heads) * dim]`` (each row's
+        query, key and value heads) rotated at ``cos``/``sin`` (``[rows, dim]``), the keys
+        and the values written into ``keys``/``values`` (``[rows, kv_heads, dim]``: the KV
+        cache's column, unit stride within a head); the rotated queries, ``[rows, heads,
+        dim]``."""
+        rows, kv_heads, dim = keys.shape
+        cos, sin = cos.contiguous(), sin.contiguous()
+        if not (qkv.dtype == cos.dtype == sin.dtype == keys.dtype == values.dtype
+                == torch.float32 and qkv.shape == (rows, (heads + 2 * kv_heads) * dim)
+                and qkv.stride(1) == 1 and cos.shape == sin.shape == (rows, dim)
+                and keys.shape == values.shape and keys.stride() == values.stride()
+                and keys.stride(2) == 1):
+            raise ValueError(f"native rotate_store: float32 decode-step layouts expected, got "
+                             f"qkv {tuple(qkv.shape)} {qkv.stride()}, cos {tuple(cos.shape)}, "
+                             f"keys {tuple(keys.shape)} {keys.stride()}, {heads} query heads")
+        queries = torch.empty((rows, heads, dim), dtype=torch.float32)
+        self._rotate_store(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(),
+                           queries.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                           keys.stride(0), keys.stride(1), rows, heads, kv_heads, dim,
+                           torch.get_num_threads())
+        return queries
 
     def attend_rows(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
         """Each row's queries ``q [rows, kv_heads, group, dim]`` over its own columns

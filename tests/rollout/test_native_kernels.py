@@ -1,6 +1,7 @@
 """postrl's own float32 kernels for the lean sampler (``gemm.c``, ``decode.c``): the linear
-against a float64 product, RMSNorm and attention against PyTorch's, the sampler's logits with
-them or without them, and a clear fallback where they cannot be built."""
+against a float64 product; RMSNorm, the residual add with its RMSNorm, SiLU · up, the rotary
+embedding with the cache's new column, and attention against PyTorch's; the sampler's logits
+with them or without them; and a clear fallback where they cannot be built."""
 
 from fnmatch import fnmatch
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from postrl.models.layers import rotate
 from postrl.rollout import HFRolloutEngine, SamplingParams, native
 from postrl.rollout.hf import left_padded
 from postrl.rollout.lean import LeanDecoder, LeanWeights
@@ -79,6 +81,73 @@ def test_rms_norm_is_pytorchs(width, rows):
                                    rtol=2e-6, atol=2e-6)
     with pytest.raises(ValueError, match="native rms_norm"):
         native.native_kernels().rms_norm(x, weight.double(), 1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("width", [64, 576, 23])
+@pytest.mark.parametrize("rows", [1, 6, 300])
+def test_the_residual_add_and_its_rms_norm_are_pytorchs(width, rows):
+    """The residual stream is added to in place, exactly; its norm as PyTorch's."""
+    generator = torch.Generator().manual_seed(width * rows)
+    hidden, delta = (torch.randn(rows, 1, width, generator=generator) * 3 for _ in range(2))
+    weight = torch.randn(width, generator=generator)
+    expected_hidden = hidden + delta
+    normed = native.native_kernels().add_rms_norm(hidden, delta, weight, 1e-5)
+    assert torch.equal(hidden, expected_hidden)
+    torch.testing.assert_close(normed, torch.nn.functional.rms_norm(
+        expected_hidden, (width,), weight, 1e-5), rtol=2e-6, atol=2e-6)
+    with pytest.raises(ValueError, match="native add_rms_norm"):
+        native.native_kernels().add_rms_norm(hidden, delta[:, :, :-1], weight[:-1], 1e-5)
+    strided = torch.zeros(2, 1, 2 * width)[..., :width]  # in place needs it contiguous
+    with pytest.raises(ValueError, match="native add_rms_norm"):
+        native.native_kernels().add_rms_norm(strided, delta[:1].expand(2, 1, width), weight,
+                                             1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("width", [1536, 40, 7])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_silu_times_up_is_pytorchs(width, rows):
+    """Gates from far negative to far positive (SiLU's tails), up the second half."""
+    generator = torch.Generator().manual_seed(width + rows)
+    gate_up = torch.randn(rows, 1, 2 * width, generator=generator) * 4
+    gate_up[0, 0, :3] = torch.tensor([-120.0, 95.0, 0.0])[: min(3, width)]
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(native.native_kernels().silu_mul(gate_up),
+                               torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="native silu_mul"):
+        native.native_kernels().silu_mul(gate_up[..., 1:])
+
+
+@needs_native
+@pytest.mark.parametrize("dim", [64, 24, 6])
+@pytest.mark.parametrize("rows", [1, 9])
+def test_the_rotary_embedding_and_the_caches_new_column_are_pytorchs(dim, rows):
+    """Queries and keys rotated exactly as postrl.models.layers.rotate rotates them (the
+    same rounding), keys and values written into one column of a longer cache and nowhere
+    else."""
+    generator = torch.Generator().manual_seed(dim * rows)
+    heads, kv_heads, column = 6, 2, 3
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=generator)
+    angles = torch.rand(rows, dim // 2, generator=generator) * 50
+    cos, sin = (torch.cat((f(angles), f(angles)), dim=-1) for f in (torch.cos, torch.sin))
+    keys, values = (torch.randn(2, rows, kv_heads, 5, dim, generator=generator) for _ in range(2))
+    before_keys, before_values = keys.clone(), values.clone()
+    queries = native.native_kernels().rotate_store(qkv, cos, sin, keys[1, :, :, column],
+                                                   values[1, :, :, column], heads)
+    rotated = rotate(qkv[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim),
+                     cos[:, None], sin[:, None])
+    assert torch.equal(queries, rotated[:, :heads])
+    assert torch.equal(keys[1, :, :, column], rotated[:, heads:])
+    assert torch.equal(values[1, :, :, column],
+                       qkv[:, (heads + kv_heads) * dim:].view(rows, kv_heads, dim))
+    untouched = torch.ones(2, rows, kv_heads, 5, dtype=torch.bool)
+    untouched[1, :, :, column] = False
+    assert torch.equal(keys[untouched], before_keys[untouched])
+    assert torch.equal(values[untouched], before_values[untouched])
+    with pytest.raises(ValueError, match="native rotate_store"):
+        native.native_kernels().rotate_store(qkv[:, 1:], cos, sin, keys[1, :, :, column],
+                                             values[1, :, :, column], heads)
 
 
 @needs_native
