@@ -141,48 +141,133 @@ void postrl_rotate_store(const float *qkv, int64_t qkv_row, const float *cos, co
     }
 }
 
+/* The 16 sums of t[0..16)'s lanes, as one vector (lane c: the sum of t[c]): pairs of vectors
+ * are folded together (unpack and add) until each 128-bit lane holds four columns' partial
+ * sums, then the lanes are added across. 30 shuffles and 15 additions for 16 dot products,
+ * where reducing each on its own takes 16 times 4 and 4. */
+static inline __m512 sum_lanes16(const __m512 t[16]) {
+    __m512 s[8], u[4], v[2];
+    for (int i = 0; i < 8; i++) /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
+        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(t[2 * i], t[2 * i + 1]),
+                             _mm512_unpackhi_ps(t[2 * i], t[2 * i + 1]));
+    for (int i = 0; i < 4; i++) { /* per 128-bit lane: four columns' partial sums */
+        __m512d a = _mm512_castps_pd(s[2 * i]), b = _mm512_castps_pd(s[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int i = 0; i < 2; i++) /* lanes 0+1 and 2+3 of u[2i], then of u[2i+1] */
+        v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* p[0..columns) = e^(p - max p), in place, in float32; 1 / their sum. */
+static inline float softmax_numerators(float *p, int64_t columns) {
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int64_t c = 0; c < columns; c += 16)
+        top = _mm512_mask_max_ps(top, lanes(columns - c), top, _mm512_loadu_ps(p + c));
+    __m512 sum = _mm512_setzero_ps(), shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    for (int64_t c = 0; c < columns; c += 16) {
+        __mmask16 m = lanes(columns - c);
+        __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + c),
+                                                              shift)));
+        _mm512_mask_storeu_ps(p + c, m, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return 1.0f / _mm512_reduce_add_ps(sum);
+}
+
+/* One query over one key/value head, any head size: each score its own dot product, the
+ * weighted sum one accumulator per 16 dimensions. */
+static void attend_head(const float *query, const float *k, const float *v, const float *add,
+                        float *o, int64_t dim, int64_t columns, float scale, float *p) {
+    for (int64_t c = 0; c < columns; c++) p[c] = dot(query, k + c * dim, dim) * scale + add[c];
+    __m512 inverse = _mm512_set1_ps(softmax_numerators(p, columns));
+    for (int64_t i = 0; i < dim; i += 16) {
+        __mmask16 m = lanes(dim - i);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t c = 0; c < columns; c++)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), _mm512_maskz_loadu_ps(m, v + c * dim + i),
+                                  acc);
+        _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(acc, inverse));
+    }
+}
+
+/* A group's queries over their key/value head, for a head of 16 * DV floats: the scores of 16
+ * columns at a time reduced together (sum_lanes16), the weighted sum in 2 * DV accumulators
+ * (even and odd columns), so that the additions' latency overlaps. p: group * padded floats. */
+#define ATTEND_GROUP(DV)                                                                    \
+    static void attend_group##DV(const float *q, const float *k, const float *v,            \
+                                 const float *add, float *o, int64_t group, int64_t columns, \
+                                 float scale, float *p, int64_t padded) {                   \
+        const int64_t dim = 16 * DV;                                                        \
+        for (int64_t g = 0; g < group; g++) {                                               \
+            const float *query = q + g * dim;                                               \
+            float *pg = p + g * padded;                                                     \
+            __m512 qv[DV];                                                                  \
+            for (int j = 0; j < DV; j++) qv[j] = _mm512_loadu_ps(query + 16 * j);           \
+            for (int64_t c0 = 0; c0 < columns; c0 += 16) {                                  \
+                __m512 t[16];                                                               \
+                for (int64_t c = 0; c < 16; c++) {                                          \
+                    t[c] = _mm512_setzero_ps();                                             \
+                    if (c0 + c < columns)                                                   \
+                        for (int j = 0; j < DV; j++)                                        \
+                            t[c] = _mm512_fmadd_ps(                                         \
+                                qv[j], _mm512_loadu_ps(k + (c0 + c) * dim + 16 * j), t[c]); \
+                }                                                                           \
+                __mmask16 m = lanes(columns - c0);                                          \
+                _mm512_storeu_ps(pg + c0, _mm512_fmadd_ps(sum_lanes16(t), _mm512_set1_ps(scale), \
+                                                          _mm512_maskz_loadu_ps(m, add + c0))); \
+            }                                                                               \
+            __m512 inverse = _mm512_set1_ps(softmax_numerators(pg, columns));               \
+            __m512 even[DV], odd[DV];                                                       \
+            for (int j = 0; j < DV; j++) even[j] = odd[j] = _mm512_setzero_ps();            \
+            int64_t c = 0;                                                                  \
+            for (; c + 1 < columns; c += 2) {                                               \
+                __m512 w0 = _mm512_set1_ps(pg[c]), w1 = _mm512_set1_ps(pg[c + 1]);          \
+                for (int j = 0; j < DV; j++) {                                              \
+                    even[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v + c * dim + 16 * j), even[j]); \
+                    odd[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v + (c + 1) * dim + 16 * j), odd[j]); \
+                }                                                                           \
+            }                                                                               \
+            if (c < columns)                                                                \
+                for (int j = 0; j < DV; j++)                                                \
+                    even[j] = _mm512_fmadd_ps(_mm512_set1_ps(pg[c]),                        \
+                                              _mm512_loadu_ps(v + c * dim + 16 * j), even[j]); \
+            for (int j = 0; j < DV; j++)                                                    \
+                _mm512_storeu_ps(o + g * dim + 16 * j,                                      \
+                                 _mm512_mul_ps(_mm512_add_ps(even[j], odd[j]), inverse));   \
+        }                                                                                   \
+    }
+
+ATTEND_GROUP(4) ATTEND_GROUP(8)
+
 /* Attention of one new query per head and row over that row's cached columns.
  * q: [rows, kv_heads * group, dim] at row stride q_row; keys, values: [rows, kv_heads,
  * columns, dim] at strides (kv_row, kv_head, dim, 1); mask: [rows, columns] additive, at row
  * stride mask_row; out: [rows, kv_heads * group, dim], contiguous. Query head h * group + g
- * reads key/value head h. */
+ * reads key/value head h. Heads of 64 and 128 floats take attend_group, others attend_head. */
 void postrl_attend_rows(const float *q, int64_t q_row, const float *keys, const float *values,
                         int64_t kv_row, int64_t kv_head, const float *mask, int64_t mask_row,
                         float *out, int64_t rows, int64_t kv_heads,
                         int64_t group, int64_t dim, int64_t columns, float scale, int threads) {
+    int64_t padded = (columns + 15) / 16 * 16;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t h = 0; h < kv_heads; h++) {
             const float *k = keys + r * kv_row + h * kv_head;
             const float *v = values + r * kv_row + h * kv_head;
-            const float *add = mask + r * mask_row;
-            for (int64_t g = 0; g < group; g++) {
-                int64_t head = h * group + g;
-                const float *query = q + r * q_row + head * dim;
-                float p[columns]; /* the scores, then their exponentials */
-                float top = -INFINITY, total = 0.0f;
-                for (int64_t c = 0; c < columns; c++) {
-                    p[c] = dot(query, k + c * dim, dim) * scale + add[c];
-                    top = p[c] > top ? p[c] : top;
-                }
-                __m512 sum = _mm512_setzero_ps(), shift = _mm512_set1_ps(top);
-                for (int64_t c = 0; c < columns; c += 16) {
-                    __mmask16 m = lanes(columns - c);
-                    __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + c), shift));
-                    _mm512_mask_storeu_ps(p + c, m, e);
-                    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
-                }
-                total = _mm512_reduce_add_ps(sum);
-                float *o = out + (r * kv_heads * group + head) * dim;
-                for (int64_t i = 0; i < dim; i += 16) {
-                    __mmask16 m = lanes(dim - i);
-                    __m512 acc = _mm512_setzero_ps();
-                    for (int64_t c = 0; c < columns; c++)
-                        acc = _mm512_fmadd_ps(_mm512_set1_ps(p[c]),
-                                              _mm512_maskz_loadu_ps(m, v + c * dim + i), acc);
-                    _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(acc, _mm512_set1_ps(1.0f / total)));
-                }
-            }
+            const float *add = mask + r * mask_row, *query = q + r * q_row + h * group * dim;
+            float *o = out + (r * kv_heads + h) * group * dim;
+            float p[group * padded]; /* the scores, then their exponentials */
+            if (dim == 64)
+                attend_group4(query, k, v, add, o, group, columns, scale, p, padded);
+            else if (dim == 128)
+                attend_group8(query, k, v, add, o, group, columns, scale, p, padded);
+            else
+                for (int64_t g = 0; g < group; g++)
+                    attend_head(query + g * dim, k, v, add, o + g * dim, dim, columns, scale, p);
         }
     }
 }

@@ -151,13 +151,15 @@ def test_the_rotary_embedding_and_the_caches_new_column_are_pytorchs(dim, rows):
 
 
 @needs_native
-@pytest.mark.parametrize("dim", [64, 24])
-@pytest.mark.parametrize("columns", [1, 17, 150])
+@pytest.mark.parametrize("dim", [64, 128, 24])
+@pytest.mark.parametrize("columns", [1, 2, 16, 17, 150])
 @pytest.mark.parametrize("rows", [1, 9])
 def test_attention_over_each_rows_columns_is_pytorchs(dim, columns, rows):
     """Views as a decode step has them: queries in the rotated projections (query heads,
     then key heads), keys and values the first columns of a longer cache, the mask a row
-    mask's first columns with left padding masked out (a large negative, as the cache's)."""
+    mask's first columns with left padding masked out (a large negative, as the cache's).
+    Heads of 64 and 128 take the blocked kernel (16 columns' scores at a time, even and odd
+    columns summed apart), 24 the plain one; column counts around the blocks' edges."""
     generator = torch.Generator().manual_seed(dim * columns + rows)
     kv_heads, group = 3, 3
     rotated = torch.randn(rows, 1, kv_heads * group + kv_heads, dim, generator=generator)
