@@ -26,10 +26,11 @@ void postrl_pack(const float *w, float *packed, int64_t n, int64_t k) {
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < panels; p++) {
         float *dst = packed + p * k * NR;
-        for (int64_t j = 0; j < NR; j++) {
-            int64_t col = p * NR + j;
-            const float *src = w + col * k;
-            for (int64_t kk = 0; kk < k; kk++) dst[kk * NR + j] = col < n ? src[kk] : 0.0f;
+        const float *src = w + p * NR * k; /* the panel's rows of W, read as 32 streams */
+        int64_t cols = n - p * NR < NR ? n - p * NR : NR;
+        for (int64_t kk = 0; kk < k; kk++) { /* written in order */
+            for (int64_t j = 0; j < cols; j++) dst[kk * NR + j] = src[j * k + kk];
+            for (int64_t j = cols; j < NR; j++) dst[kk * NR + j] = 0.0f;
         }
     }
 }
