@@ -9,6 +9,9 @@
   up, and the attention over each row's own columns, one call each per layer instead of
   PyTorch's several small operations (RMSNorm and attention alone: 0.92× the time of a decode
   step with both in PyTorch, at 2 to 32 rows).
+- ``sample.c``, the sampling step (temperature, no truncation): a token per row drawn from its
+  uniform by inversion, its log-probability and the entropy, three reading passes per row
+  instead of PyTorch's softmax, float64 cumulative sum and search.
 
 (docs/performance.md, "postrl's own float32 kernels".) The C sources ship with the package
 and are compiled once per source, compiler and CPU with the system's C compiler (``$CC``,
@@ -35,7 +38,7 @@ from torch import Tensor
 
 from postrl.models.loading import cache_dir as postrl_cache
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemm.c", "decode.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemm.c", "decode.c", "sample.c"))
 HEADERS = (Path(__file__).with_name("simd.h"),)  # included by the sources
 SWITCH = "POSTRL_NATIVE_KERNELS"  # "0": never use them
 PANEL = 32  # output columns per packed panel (gemm.c's NR)
@@ -55,7 +58,7 @@ def _function(library: ctypes.CDLL, name: str, *argtypes):
 class NativeKernels:
     """The loaded library: :meth:`pack` a weight once, then :meth:`linear` multiplies by it;
     :meth:`rms_norm`, :meth:`add_rms_norm`, :meth:`silu_mul`, :meth:`rotate_store`,
-    :meth:`attend_rows`. Float32 CPU tensors only."""
+    :meth:`attend_rows`, :meth:`sample`. Float32 CPU tensors only."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         pointer, size, real, count = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -70,6 +73,8 @@ class NativeKernels:
         self._rotate_store = _function(library, "postrl_rotate_store", pointer, size, pointer,
                                        pointer, pointer, pointer, pointer, size, size, size, size,
                                        size, size, count)
+        self._sample = _function(library, "postrl_sample", pointer, size, size, size, real,
+                                 pointer, pointer, pointer, pointer, count)
         self._attend_rows = _function(library, "postrl_attend_rows", pointer, size, pointer,
                                       pointer, size, size, pointer, size, pointer, size, size,
                                       size, size, size, real, count)
@@ -200,6 +205,33 @@ class NativeKernels:
                           out.data_ptr(), rows, kv_heads, group, dim, columns, dim ** -0.5,
                           torch.get_num_threads())
         return out
+
+
+    def sample(self, logits: Tensor, temperature: float, draws: Tensor, with_entropy: bool
+               ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(tokens, logprobs, entropies or None)``, one each per row of ``logits [rows,
+        vocab]``: with ``z = logits / temperature`` and ``p = softmax(z)``, the first token
+        whose cumulative ``p`` exceeds the row's uniform ``draws [rows]`` (float64), ``log p``
+        of it, and the entropy of ``p`` (``with_entropy``). ``postrl.rollout.sampling``'s
+        untruncated draw, up to float rounding."""
+        rows, vocab = logits.shape
+        if logits.stride(1) != 1:
+            logits = logits.contiguous()
+        draws = draws.to(torch.float64).contiguous()
+        if (logits.dtype != torch.float32 or not temperature > 0 or vocab < 1
+                or draws.shape != (rows,)):
+            raise ValueError(f"native sample: float32 logits [rows, vocab], one float64 draw "
+                             f"per row and a positive temperature expected, got "
+                             f"{logits.dtype} {tuple(logits.shape)}, draws "
+                             f"{tuple(draws.shape)}, temperature {temperature}")
+        tokens = torch.empty(rows, dtype=torch.long)
+        logprobs = torch.empty(rows, dtype=torch.float32)
+        entropies = torch.empty(rows, dtype=torch.float32) if with_entropy else None
+        self._sample(logits.data_ptr(), rows, vocab, logits.stride(0), temperature,
+                     draws.data_ptr(), tokens.data_ptr(), logprobs.data_ptr(),
+                     None if entropies is None else entropies.data_ptr(),
+                     torch.get_num_threads())
+        return tokens, logprobs, entropies
 
 
 def native_kernels() -> NativeKernels | None:

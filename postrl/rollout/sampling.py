@@ -5,7 +5,10 @@ Sampling is keyed per response: response ``j`` of prompt ``i`` draws its randomn
 own generator, seeded by ``(seed, i, j)`` alone (:func:`row_seed`). Which other prompts share
 the batch, how rows are chunked, or which rollout worker runs them never changes the random
 numbers a response sees. A token is drawn by inversion: one uniform ``u`` per row and step,
-and the first token whose cumulative probability (summed in float64) exceeds ``u``.
+and the first token whose cumulative probability (summed in float64) exceeds ``u``. On a CPU
+with postrl's native kernels (``postrl.rollout.native``), an untruncated draw is theirs: the
+same rule, in three reading passes per row (the same tokens but where ``u`` falls within
+float rounding of a boundary).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 from torch import Tensor
 
 from postrl.rollout.base import SamplingParams
+from postrl.rollout.native import native_kernels
 
 
 def truncate_logits(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -67,6 +71,12 @@ def next_tokens(logits: Tensor, params: SamplingParams, generators: list[torch.G
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)
         return (tokens, *_logprob_and_entropy(logits, tokens, None, with_entropy))
+    vocab = logits.shape[-1]
+    native = native_kernels() if logits.device.type == "cpu" else None
+    truncating = bool(params.top_k and params.top_k < vocab) or params.top_p < 1.0
+    if native is not None and not truncating:
+        return native.sample(logits, params.temperature, uniforms(generators).flatten(),
+                             with_entropy)
     scaled = logits / params.temperature
     truncated = truncate_logits(scaled, params.top_k, params.top_p)
     probs = torch.softmax(truncated, dim=-1)
