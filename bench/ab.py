@@ -1,7 +1,7 @@
 """Two ways of one training step, timed in one process from the same state, and the prompts
 a trainer samples first (for the A/B scripts beside this one: ``prompt_pass_ab.py``,
 ``unscored_rows_ab.py``, ``recorded_forward_ab.py``, ``decode_attention_ab.py``,
-``native_kernels_ab.py``). Whole
+``native_kernels_ab.py``, ``native_generate_ab.py``). Whole
 processes differ by 10-20% on a shared VM; runs of the same batch from the same weights and
 optimizer state, alternated, do not."""
 

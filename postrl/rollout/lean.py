@@ -7,7 +7,8 @@ and seven separately dispatched matmuls per layer whose weights oneDNN reorders 
 Here, once per ``generate`` call, the projections are fused (q|k|v, gate|up), cast to the
 sampling dtype and reordered into oneDNN's blocked layout (in float32 on a CPU with AVX-512,
 packed for postrl's own kernels instead, which also run a decode step's work between the
-linears: :mod:`postrl.rollout.native`); the cache is allocated once for the
+linears, and all of a step's layers in one call once each row holds its own cache:
+:mod:`postrl.rollout.native`); the cache is allocated once for the
 whole response, each token writes one column, and attention (PyTorch's fused kernel, or two
 batched matmuls around a softmax where those are faster) lets the query heads of a group
 read their shared key/value head without a repeated copy. A prompt's
@@ -32,7 +33,7 @@ from torch import Tensor, nn
 from postrl.models.layers import architecture_reason, rotate
 from postrl.models.precision import cpu_has_fast_bf16
 from postrl.models.recorded import RecordedForward
-from postrl.rollout.native import NativeKernels, native_kernels
+from postrl.rollout.native import LayerPointers, NativeKernels, native_kernels
 
 
 def unsupported_reason(model) -> str | None:
@@ -116,6 +117,7 @@ class LeanWeights:
     head_dim: int
     dtype: torch.dtype
     native: NativeKernels | None = None  # postrl's own float32 kernels, where available
+    pointers: LayerPointers | None = None  # the layers, for ``native.decode_layers``
 
     @classmethod
     @torch.no_grad()
@@ -136,11 +138,21 @@ class LeanWeights:
                 linear([mlp.down_proj.weight], [mlp.down_proj.bias]),
                 layer.input_layernorm.weight.detach().to(dtype),
                 layer.post_attention_layernorm.weight.detach().to(dtype)))
-        return cls(body.embed_tokens.weight.detach(), layers, body.norm.weight.detach().to(dtype),
+        norm = body.norm.weight.detach().to(dtype)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        pointers = None
+        if native is not None:
+            linears = [[(m.weight, m.bias) for m in (layer.qkv, layer.out, layer.gate_up,
+                                                     layer.down)] for layer in layers]
+            norms = [n.contiguous() for layer in layers
+                     for n in (layer.input_norm, layer.post_norm)] + [norm.contiguous()]
+            pointers = LayerPointers.of(linears, norms, heads, kv_heads, head_dim,
+                                        layers[0].gate_up.out_features // 2,
+                                        body.norm.variance_epsilon)
+        return cls(body.embed_tokens.weight.detach(), layers, norm,
                    linear([model.lm_head.weight], [None]), body.rotary_emb,
-                   body.norm.variance_epsilon, heads, kv_heads,
-                   getattr(config, "head_dim", None) or config.hidden_size // heads, dtype,
-                   native)
+                   body.norm.variance_epsilon, heads, kv_heads, head_dim, dtype, native,
+                   pointers)
 
 
 class KVCache:
@@ -397,6 +409,8 @@ def decode(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
     written into its ``slots`` (one per row)."""
     column = cache.offset + cache.length
     cache.length += 1
+    if w.pointers is not None and not cache.shared:  # every layer in one call
+        return _decode_native(w, cache, tokens, positions, column, record, slots)
 
     def attend(i: int, qkv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         keys, values = cache.keys[i, :, :, column], cache.values[i, :, :, column]
@@ -411,6 +425,21 @@ def decode(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
 
     return _layers(w, tokens[:, None], positions[:, None], attend, _slots(record, slots),
                    None if record is None else record.logits[slots])
+
+
+def _decode_native(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
+                   column: int, record: RecordedForward | None, slots: slice | None) -> Tensor:
+    """:func:`decode`'s layers in one call of postrl's kernels (the per-row cache layout):
+    the same kernels in the same order as :func:`_layers` runs them, without its Python."""
+    hidden = F.embedding(tokens, w.embed).to(w.dtype)  # [rows, width], added to in place
+    cos, sin = (t[:, 0].contiguous() for t in w.rotary(hidden[:, None], positions[:, None]))
+    outputs = None
+    if record is not None:  # each linear's output straight into the record's slots
+        outputs = [out.data_ptr() + slots.start * out.stride(0) * out.element_size()
+                   for layer in record.linears for out in layer]
+    normed = w.native.decode_layers(w.pointers, hidden, cos, sin, cache.keys, cache.values,
+                                    column, cache.row_mask, outputs)
+    return w.lm_head(normed, None if record is None else record.logits[slots])
 
 
 # Prompt length from which a prompt's columns are shared by its samples. Measured (SmolLM2,

@@ -9,6 +9,8 @@
   up, and the attention over each row's own columns, one call each per layer instead of
   PyTorch's several small operations (RMSNorm and attention alone: 0.92× the time of a decode
   step with both in PyTorch, at 2 to 32 rows).
+- ``step.c``, a decode step's layers in one call: ``decode.c``'s and ``gemm.c``'s kernels in
+  the order the lean sampler's loop calls them, without that loop's Python in between.
 - ``sample.c``, the sampling step (temperature, no truncation): a token per row drawn from its
   uniform by inversion, its log-probability and the entropy, three reading passes per row
   instead of PyTorch's softmax, float64 cumulative sum and search.
@@ -31,6 +33,7 @@ import os
 import platform
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,7 +41,8 @@ from torch import Tensor
 
 from postrl.models.loading import cache_dir as postrl_cache
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemm.c", "decode.c", "sample.c"))
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("gemm.c", "decode.c", "sample.c", "step.c"))
 HEADERS = (Path(__file__).with_name("simd.h"),)  # included by the sources
 SWITCH = "POSTRL_NATIVE_KERNELS"  # "0": never use them
 PANEL = 32  # output columns per packed panel (gemm.c's NR)
@@ -58,7 +62,8 @@ def _function(library: ctypes.CDLL, name: str, *argtypes):
 class NativeKernels:
     """The loaded library: :meth:`pack` a weight once, then :meth:`linear` multiplies by it;
     :meth:`rms_norm`, :meth:`add_rms_norm`, :meth:`silu_mul`, :meth:`rotate_store`,
-    :meth:`attend_rows`, :meth:`sample`. Float32 CPU tensors only."""
+    :meth:`attend_rows`, :meth:`sample`; :meth:`decode_layers` runs a decode step's layers.
+    Float32 CPU tensors only."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         pointer, size, real, count = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -73,6 +78,12 @@ class NativeKernels:
         self._rotate_store = _function(library, "postrl_rotate_store", pointer, size, pointer,
                                        pointer, pointer, pointer, pointer, size, size, size, size,
                                        size, size, count)
+        self._decode_layers = _function(library, "postrl_decode_layers", size, pointer,
+                                        pointer, pointer, pointer, pointer, pointer, pointer,
+                                        pointer, real, pointer, pointer, size, size, size, size,
+                                        size, pointer, size, real, pointer, pointer, count)
+        self._decode_scratch = library.postrl_decode_scratch
+        self._decode_scratch.argtypes, self._decode_scratch.restype = [pointer], size
         self._sample = _function(library, "postrl_sample", pointer, size, size, size, real,
                                  pointer, pointer, pointer, pointer, count)
         self._attend_rows = _function(library, "postrl_attend_rows", pointer, size, pointer,
@@ -207,6 +218,46 @@ class NativeKernels:
         return out
 
 
+    def decode_layers(self, layers: LayerPointers, hidden: Tensor, cos: Tensor, sin: Tensor,
+                      keys: Tensor, values: Tensor, column: int, mask: Tensor,
+                      outputs: list[int] | None) -> Tensor:
+        """A decode step's decoder layers, one call: ``hidden [rows, width]`` (the residual
+        stream, added to in place) through every layer of ``layers``, the new keys and values
+        written into column ``column`` of ``keys``/``values`` (``[layers, rows, kv_heads,
+        columns, dim]``, attended up to that column under ``mask [rows, columns]``), each
+        linear's output into ``outputs`` (its address per layer and kind, ``[rows, width]``
+        each: a record's slots) when given; the stream after the final norm, ``[rows,
+        width]``. The same kernels in the same order as the lean sampler's layer loop."""
+        rows, width = hidden.shape
+        dim = keys.shape[-1]
+        columns = column + 1
+        if not (hidden.dtype == keys.dtype == values.dtype == mask.dtype == cos.dtype
+                == sin.dtype == torch.float32 and hidden.is_contiguous()
+                and width == layers.width and keys.shape == values.shape
+                and keys.stride() == values.stride() and keys.shape[:2] == (layers.count, rows)
+                and keys.shape[2:] == (layers.kv_heads, keys.shape[3], layers.head_dim)
+                and keys.stride()[3:] == (dim, 1) and columns <= keys.shape[3]
+                and cos.shape == sin.shape == (rows, dim) and cos.is_contiguous()
+                and sin.is_contiguous() and mask.shape[0] == rows
+                and mask.shape[1] >= columns and mask.stride(1) == 1
+                and (outputs is None or len(outputs) == len(layers.weights))):
+            raise ValueError(f"native decode_layers: float32 decode-step layouts expected, got "
+                             f"hidden {tuple(hidden.shape)}, keys {tuple(keys.shape)} "
+                             f"{keys.stride()}, cos {tuple(cos.shape)}, mask "
+                             f"{tuple(mask.shape)}, column {column}")
+        sizes = (ctypes.c_int64 * 6)(rows, width, layers.heads, layers.kv_heads, dim,
+                                     layers.inner)
+        scratch = torch.empty(self._decode_scratch(sizes), dtype=torch.float32)
+        normed = torch.empty_like(hidden)
+        record = None if outputs is None else (ctypes.c_void_p * len(outputs))(*outputs)
+        self._decode_layers(layers.count, sizes, hidden.data_ptr(), normed.data_ptr(),
+                            cos.data_ptr(), sin.data_ptr(), layers.weights, layers.biases,
+                            layers.norms, layers.eps, keys.data_ptr(), values.data_ptr(),
+                            keys.stride(0), keys.stride(1), keys.stride(2), column, columns,
+                            mask.data_ptr(), mask.stride(0), dim ** -0.5, record,
+                            scratch.data_ptr(), torch.get_num_threads())
+        return normed
+
     def sample(self, logits: Tensor, temperature: float, draws: Tensor, with_entropy: bool
                ) -> tuple[Tensor, Tensor, Tensor | None]:
         """``(tokens, logprobs, entropies or None)``, one each per row of ``logits [rows,
@@ -232,6 +283,49 @@ class NativeKernels:
                      None if entropies is None else entropies.data_ptr(),
                      torch.get_num_threads())
         return tokens, logprobs, entropies
+
+
+@dataclass
+class LayerPointers:
+    """A model's packed weights as :meth:`NativeKernels.decode_layers` reads them: per layer
+    its four linears' packed weights and padded biases (``postrl/rollout/step.c``'s order:
+    q|k|v, output, gate|up, down) and its two norms, then the final norm. Holds the
+    tensors, so the addresses stay valid while it lives."""
+
+    tensors: list[Tensor | None]
+    weights: ctypes.Array
+    biases: ctypes.Array
+    norms: ctypes.Array
+    count: int
+    width: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inner: int
+    eps: float
+
+    @classmethod
+    def of(cls, linears: list[list[tuple[Tensor, Tensor | None]]], norms: list[Tensor],
+           heads: int, kv_heads: int, head_dim: int, inner: int, eps: float
+           ) -> LayerPointers:
+        """``linears``: per layer, ``(packed weight, padded bias or None)`` of each of its
+        four linears; ``norms``: each layer's input and post-attention norm weights, then
+        the final norm's (float32, contiguous)."""
+        pairs = [pair for layer in linears for pair in layer]
+        if any(len(layer) != 4 for layer in linears) or len(norms) != 2 * len(linears) + 1:
+            raise ValueError("native decode layers: four linears and two norms per layer, "
+                             "and a final norm, expected")
+        if any(n.dtype != torch.float32 or not n.is_contiguous() for n in norms):
+            raise ValueError("native decode layers: contiguous float32 norm weights expected")
+
+        def addresses(tensors):
+            return (ctypes.c_void_p * len(tensors))(
+                *(None if t is None else t.data_ptr() for t in tensors))
+
+        return cls([t for pair in pairs for t in pair] + list(norms),
+                   addresses([w for w, _ in pairs]), addresses([b for _, b in pairs]),
+                   addresses(norms), len(linears), norms[0].shape[0], heads, kv_heads,
+                   head_dim, inner, eps)
 
 
 def native_kernels() -> NativeKernels | None:

@@ -1,8 +1,10 @@
-"""postrl's own float32 kernels for the lean sampler (``gemm.c``, ``decode.c``): the linear
-against a float64 product; RMSNorm, the residual add with its RMSNorm, SiLU · up, the rotary
-embedding with the cache's new column, and attention against PyTorch's; the sampler's logits
-with them or without them; and a clear fallback where they cannot be built."""
+"""postrl's own float32 kernels for the lean sampler (``gemm.c``, ``decode.c``, ``step.c``):
+the linear against a float64 product; RMSNorm, the residual add with its RMSNorm, SiLU · up,
+the rotary embedding with the cache's new column, and attention against PyTorch's; a decode
+step's layers in one call against the layer loop; the sampler's logits with them or without
+them; and a clear fallback where they cannot be built."""
 
+import dataclasses
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from postrl.models.layers import rotate
+from postrl.models.recorded import RecordedForward
 from postrl.rollout import HFRolloutEngine, SamplingParams, native
 from postrl.rollout.hf import left_padded
 from postrl.rollout.lean import LeanDecoder, LeanWeights
@@ -225,6 +228,49 @@ def test_decode_steps_give_the_same_logits_with_and_without_it(tiny, monkeypatch
         outputs.append(torch.stack(logits))
     for other in outputs[1:]:
         torch.testing.assert_close(outputs[0], other, atol=1e-4, rtol=0)
+
+
+@needs_native
+@pytest.mark.parametrize("fixture", ["tiny", "tiny_qwen2"])
+def test_a_decode_step_in_one_call_is_the_layer_loop_to_the_bit(request, tiny, fixture,
+                                                                monkeypatch):
+    """3 prompts x 2 samples in the per-row cache layout, recording, rows dropped before the
+    last step: the logits, the cache's written columns and the record's written slots are
+    equal bit for bit, the layers run in one call (``step.c``) or by the Python loop over
+    the same kernels. Qwen2 brings biases on q|k|v and a head dimension of 8."""
+    model = tiny[0] if fixture == "tiny" else request.getfixturevalue(fixture)
+    texts = [tiny[1](t, add_special_tokens=False).input_ids
+             for t in ("What is 2 + 3?", "Name a colour.", "Hi")]
+    fused = LeanWeights.of(model, torch.float32, rows=6)
+    assert fused.pointers is not None
+    calls = []
+    one_call = native.NativeKernels.decode_layers
+    monkeypatch.setattr(native.NativeKernels, "decode_layers",
+                        lambda self, *args: calls.append(1) or one_call(self, *args))
+    results = []
+    for weights in (fused, dataclasses.replace(fused, pointers=None)):
+        record = RecordedForward(model, [len(t) for t in texts], 2, 4)
+        decoder = LeanDecoder(weights, *left_padded(texts, 0), 2, 4, share_from=10**6,
+                              record=record)
+        logits = [decoder.first_logits]
+        positions = torch.tensor([len(t) for t in texts]).repeat_interleave(2)
+        for step in range(3):
+            if step == 2:
+                keep = torch.tensor([0, 2, 3, 5])
+                decoder.select(keep)
+                positions = positions[keep]
+            logits.append(decoder.step(torch.arange(len(positions)) * 11 + step,
+                                       positions + step))
+        written = decoder.cache.offset + decoder.cache.length
+        results.append([*logits, decoder.cache.keys[..., :written, :],
+                        decoder.cache.values[..., :written, :],
+                        record.logits[record.prompt_last_slots()],  # the prompts' written ones
+                        record.logits[record.response_start:record.filled],
+                        *(t[:record.filled] for layer in record.linears for t in layer)])
+    assert len(calls) == 3  # the first decoder's steps; the loop's made none
+    assert len(results[0]) == len(results[1])
+    for one_call, loop in zip(*results, strict=True):
+        assert torch.equal(one_call, loop)
 
 
 @needs_native

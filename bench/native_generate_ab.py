@@ -1,0 +1,81 @@
+"""A piece of the sampler by postrl's native kernels against without it, alternated in one
+process, over whole ``generate`` calls.
+
+    python bench/native_generate_ab.py --part draw|layers [--reps 8]
+                                       [--precision fp32|bf16-master]
+
+``draw``: the draw from the logits (softmax, cumulative sum and search over the vocabulary)
+by ``postrl/rollout/sample.c`` against PyTorch's. ``layers``: a float32 decode step's layers
+in one call (``postrl/rollout/step.c``) against the Python loop over the same kernels
+(float32 only). ``bench/vs_trl.py``'s first prompts (SmolLM2, 4 prompts x 8, 64 new tokens):
+``generate`` ``reps`` times each way (ABBA order) with the same seed, recording as the
+trainer does, so both ways draw the same tokens; medians over the calls but the first two,
+and whether the two ways drew the same tokens (they may not where a uniform falls within
+float rounding of a boundary). Everything else runs as the trainer runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+
+from postrl.rollout import lean, sampling
+
+
+def switches(part: str):
+    """``switch(on)`` for ``part``: the native way on or off."""
+    if part == "draw":
+        kernels = sampling.native_kernels
+
+        def draw(on: bool) -> None:
+            sampling.native_kernels = kernels if on else (lambda: None)
+        return draw
+    weights_of = lean.LeanWeights.of
+
+    def layers(on: bool) -> None:
+        lean.LeanWeights.of = weights_of if on else (
+            lambda model, dtype, rows: dataclasses.replace(weights_of(model, dtype, rows),
+                                                           pointers=None))
+    return layers
+
+
+def main() -> None:
+    from ab import alternating, first_prompt_ids  # bench/, this script's directory
+    from vs_trl import GROUP, postrl_config
+
+    from postrl.train.trainer import Trainer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", required=True, choices=("draw", "layers"))
+    parser.add_argument("--reps", type=int, default=8, help="calls each way")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))
+    args = parser.parse_args()
+    if sampling.native_kernels() is None:
+        raise SystemExit("the native kernels are not available here")
+    if args.part == "layers" and args.precision != "fp32":
+        raise SystemExit("--part layers: the native decode layers run in float32 only")
+    trainer = Trainer(postrl_config(1, seed=0, precision=args.precision))
+    engine = trainer.engine
+    prompts = first_prompt_ids(trainer)
+    switch = switches(args.part)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    drawn: dict[bool, object] = {}
+    for native in alternating(args.reps):
+        switch(native)
+        start = time.perf_counter()
+        rollouts = engine.generate(prompts, GROUP, trainer.sampling, seed=0)
+        times[native].append(time.perf_counter() - start)
+        drawn[native] = rollouts.response_ids
+        del rollouts  # its record's memory goes to the next call
+    switch(True)
+    same = drawn[True].shape == drawn[False].shape and bool((drawn[True] == drawn[False]).all())
+    before, after = (statistics.median(times[way][2:]) for way in (False, True))
+    print(f"generate ({args.precision}), {args.part}, medians of {args.reps - 2} calls each "
+          f"way: without {before:.3f} s, native {after:.3f} s ({after / before:.3f}); "
+          f"{'the same' if same else 'different'} tokens")
+
+
+if __name__ == "__main__":
+    main()

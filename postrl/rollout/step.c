@@ -1,0 +1,85 @@
+/* A float32 decode step's decoder layers in one call: the sequence of postrl's kernels
+ * (gemm.c, decode.c) that the lean sampler's Python loop calls layer by layer.
+ *
+ * Per layer that loop makes nine calls into the kernels, with as many views, outputs and
+ * checks in Python: about 6 ms of a 38 ms step at the bench's batch (docs/performance.md).
+ * The kernels and their order here are the loop's own, so the result is the same to the bit.
+ * It covers the cache's per-row layout (each row's prompt columns copied beside its own); the
+ * shared one, with its cascade over the prompts' columns, stays in Python.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+void postrl_linear(const float *x, int64_t m, int64_t k, const float *packed, const float *bias,
+                   int64_t n, float *y, int threads);
+void postrl_rms_norm(const float *x, const float *weight, float *y, int64_t rows, int64_t width,
+                     float eps, int threads);
+void postrl_add_rms_norm(float *hidden, const float *delta, const float *weight, float *y,
+                         int64_t rows, int64_t width, float eps, int threads);
+void postrl_silu_mul(const float *x, float *y, int64_t rows, int64_t width, int threads);
+void postrl_rotate_store(const float *qkv, int64_t qkv_row, const float *cos, const float *sin,
+                         float *queries, float *keys, float *values, int64_t kv_row,
+                         int64_t kv_head, int64_t rows, int64_t heads, int64_t kv_heads,
+                         int64_t dim, int threads);
+void postrl_attend_rows(const float *q, int64_t q_row, const float *keys, const float *values,
+                        int64_t kv_row, int64_t kv_head, const float *mask, int64_t mask_row,
+                        float *out, int64_t rows, int64_t kv_heads, int64_t group, int64_t dim,
+                        int64_t columns, float scale, int threads);
+
+enum { QKV, OUT, GATE_UP, DOWN, KINDS };
+
+/* The layers over `hidden` [rows, sizes[1]] (the residual stream, updated in place): its
+ * first RMSNorm, then each layer; `normed` receives the stream after the final norm.
+ *
+ * sizes: rows, hidden width, query heads, key/value heads, head dim, MLP width. Per layer l
+ * and linear k (QKV, OUT, GATE_UP, DOWN): weights[4l + k] (packed by postrl_pack) and
+ * biases[4l + k] (padded, or NULL); norms[2l] and norms[2l + 1] (input, post-attention),
+ * norms[2 layers] the final one. Each linear's output goes to record[4l + k] when `record`
+ * is not NULL (the record's slots of this step, [rows, width] each), else to scratch. The
+ * cache: layer l's keys at keys + l * layer floats (strides kv_row and kv_head, a head's
+ * columns of `dim` contiguous), this step's at column `column`; attention over columns
+ * [0, columns) under the additive `mask` (row stride mask_row), scaled by `scale`.
+ * `scratch`: postrl_decode_scratch(sizes) floats. */
+int64_t postrl_decode_scratch(const int64_t *sizes) {
+    int64_t rows = sizes[0], hidden = sizes[1], heads = sizes[2], kv_heads = sizes[3];
+    int64_t dim = sizes[4], inner = sizes[5], qkv = (heads + 2 * kv_heads) * dim;
+    int64_t widest = qkv > 2 * inner ? qkv : 2 * inner;
+    if (hidden > widest) widest = hidden;
+    return rows * (2 * heads * dim + inner + widest);
+}
+
+void postrl_decode_layers(int64_t layers, const int64_t *sizes, float *hidden, float *normed,
+                          const float *cos, const float *sin, const float *const *weights,
+                          const float *const *biases, const float *const *norms, float eps,
+                          float *keys, float *values, int64_t layer, int64_t kv_row,
+                          int64_t kv_head, int64_t column, int64_t columns, const float *mask,
+                          int64_t mask_row, float scale, float *const *record, float *scratch,
+                          int threads) {
+    int64_t rows = sizes[0], width = sizes[1], heads = sizes[2], kv_heads = sizes[3];
+    int64_t dim = sizes[4], inner = sizes[5], qkv = (heads + 2 * kv_heads) * dim;
+    int64_t outs[KINDS] = {qkv, width, 2 * inner, width};
+    float *queries = scratch, *attended = queries + rows * heads * dim;
+    float *act = attended + rows * heads * dim, *own = act + rows * inner;
+    postrl_rms_norm(hidden, norms[0], normed, rows, width, eps, threads);
+    for (int64_t l = 0; l < layers; l++) {
+        const float *const *w = weights + KINDS * l, *const *b = biases + KINDS * l;
+        float *y[KINDS];
+        for (int k = 0; k < KINDS; k++) y[k] = record ? record[KINDS * l + k] : own;
+        float *layer_keys = keys + l * layer, *layer_values = values + l * layer;
+        postrl_linear(normed, rows, width, w[QKV], b[QKV], outs[QKV], y[QKV], threads);
+        postrl_rotate_store(y[QKV], qkv, cos, sin, queries, layer_keys + column * dim,
+                            layer_values + column * dim, kv_row, kv_head, rows, heads,
+                            kv_heads, dim, threads);
+        postrl_attend_rows(queries, heads * dim, layer_keys, layer_values, kv_row, kv_head,
+                           mask, mask_row, attended, rows, kv_heads, heads / kv_heads, dim,
+                           columns, scale, threads);
+        postrl_linear(attended, rows, heads * dim, w[OUT], b[OUT], outs[OUT], y[OUT], threads);
+        postrl_add_rms_norm(hidden, y[OUT], norms[2 * l + 1], normed, rows, width, eps, threads);
+        postrl_linear(normed, rows, width, w[GATE_UP], b[GATE_UP], outs[GATE_UP], y[GATE_UP],
+                      threads);
+        postrl_silu_mul(y[GATE_UP], act, rows, inner, threads);
+        postrl_linear(act, rows, inner, w[DOWN], b[DOWN], outs[DOWN], y[DOWN], threads);
+        postrl_add_rms_norm(hidden, y[DOWN], norms[2 * l + 2], normed, rows, width, eps,
+                            threads);
+    }
+}
