@@ -217,7 +217,6 @@ class NativeKernels:
                           torch.get_num_threads())
         return out
 
-
     def decode_layers(self, layers: LayerPointers, hidden: Tensor, cos: Tensor, sin: Tensor,
                       keys: Tensor, values: Tensor, column: int, mask: Tensor,
                       outputs: list[int] | None) -> Tensor:

@@ -89,7 +89,7 @@ def test_a_row_of_tokens_at_minus_infinity_keeps_a_finite_entropy():
 
 
 @needs_native
-def test_only_untruncated_draws_on_the_cpu_use_it(monkeypatch):
+def test_only_untruncated_draws_use_it(monkeypatch):
     calls = []
     sample = native.NativeKernels.sample
     monkeypatch.setattr(native.NativeKernels, "sample",
