@@ -22,13 +22,18 @@ from postrl.rollout.base import SamplingParams
 from postrl.rollout.native import native_kernels
 
 
+def top_k_truncates(top_k: int, vocab: int) -> bool:
+    """Whether top-k drops any of ``vocab`` tokens (0, or ``vocab`` and more, keep them all)."""
+    return bool(top_k) and top_k < vocab
+
+
 def truncate_logits(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
     """Set to -inf every logit outside the top-k and outside the top-p nucleus.
 
     The nucleus is the smallest set of most probable tokens whose probability reaches
     ``top_p`` (Holtzman et al. 2020); the most probable token is always kept.
     """
-    if top_k and top_k < scaled.shape[-1]:
+    if top_k_truncates(top_k, scaled.shape[-1]):
         kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if top_p < 1.0:
@@ -71,9 +76,8 @@ def next_tokens(logits: Tensor, params: SamplingParams, generators: list[torch.G
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)
         return (tokens, *_logprob_and_entropy(logits, tokens, None, with_entropy))
-    vocab = logits.shape[-1]
     native = native_kernels() if logits.device.type == "cpu" else None
-    truncating = bool(params.top_k and params.top_k < vocab) or params.top_p < 1.0
+    truncating = top_k_truncates(params.top_k, logits.shape[-1]) or params.top_p < 1.0
     if native is not None and not truncating:
         return native.sample(logits, params.temperature, uniforms(generators).flatten(),
                              with_entropy)

@@ -7,7 +7,6 @@
  * It covers the cache's per-row layout (each row's prompt columns copied beside its own); the
  * shared one, with its cascade over the prompts' columns, stays in Python.
  */
-#include <stddef.h>
 #include <stdint.h>
 
 void postrl_linear(const float *x, int64_t m, int64_t k, const float *packed, const float *bias,

@@ -247,9 +247,9 @@ def test_a_decode_step_in_one_call_is_the_layer_loop_to_the_bit(request, tiny, f
     fused = LeanWeights.of(model, torch.float32, rows=6)
     assert fused.pointers is not None
     calls = []
-    one_call = native.NativeKernels.decode_layers
+    decode_layers = native.NativeKernels.decode_layers
     monkeypatch.setattr(native.NativeKernels, "decode_layers",
-                        lambda self, *args: calls.append(1) or one_call(self, *args))
+                        lambda self, *args: calls.append(1) or decode_layers(self, *args))
     results = []
     for weights in (fused, dataclasses.replace(fused, pointers=None)):
         record = RecordedForward(model, [len(t) for t in texts], 2, 4)
