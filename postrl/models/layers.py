@@ -29,6 +29,7 @@ import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from postrl.models import fused
 from postrl.models.recorded import RecordedRows, recorded_linear
 
 MODEL_TYPES = ("llama", "qwen2")
@@ -112,7 +113,7 @@ def body(model, input_ids: Tensor, position_ids: Tensor, bias: Tensor,
                                       None if past is None else past.values[i])
         keys.append(key)
         values.append(value)
-    return inner.norm(hidden), KeysValues(keys, values)
+    return _rms_norm(hidden, inner.norm), KeysValues(keys, values)
 
 
 def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, prompt_bias: Tensor,
@@ -144,7 +145,7 @@ def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, promp
         outputs = {} if recorded is None else {"outputs": recorded[0].layer(i, recorded[1])}
         flat = layer_fn(layer, flat, shapes, prompt_angles, angles, prompt_bias, bias,
                         prompt_of_row, **outputs)
-    flat = inner.norm(flat)
+    flat = _rms_norm(flat, inner.norm)
     split = prompt_ids.numel()
     return flat[:split].view(prompt_hidden.shape), flat[split:].view(hidden.shape)
 
@@ -247,10 +248,10 @@ def _known_outputs(layer, outputs: list[Tensor] | None) -> dict[nn.Linear, Tenso
         return {}
     attn, mlp = layer.self_attn, layer.mlp
     known = {}
-    for fused, modules in zip(outputs, ((attn.q_proj, attn.k_proj, attn.v_proj),
+    for joined, modules in zip(outputs, ((attn.q_proj, attn.k_proj, attn.v_proj),
                                         (attn.o_proj,), (mlp.gate_proj, mlp.up_proj),
                                         (mlp.down_proj,)), strict=True):
-        parts = fused.split([m.out_features for m in modules], dim=-1)
+        parts = joined.split([m.out_features for m in modules], dim=-1)
         known.update(zip(modules, parts, strict=True))
     return known
 
@@ -260,7 +261,7 @@ def _mlp_block(layer, hidden: Tensor, known: dict[nn.Linear, Tensor] | None = No
     mlp, known = layer.mlp, known or {}
     x = _rms_norm(hidden, layer.post_attention_layernorm)
     gate, up = (_linear(x, m, known.get(m)) for m in (mlp.gate_proj, mlp.up_proj))
-    return hidden + _linear(F.silu(gate) * up, mlp.down_proj, known.get(mlp.down_proj))
+    return hidden + _linear(fused.swiglu(gate, up), mlp.down_proj, known.get(mlp.down_proj))
 
 
 def _linear(x: Tensor, module: nn.Linear, output: Tensor | None = None) -> Tensor:
@@ -272,8 +273,7 @@ def _linear(x: Tensor, module: nn.Linear, output: Tensor | None = None) -> Tenso
 
 def _rms_norm(x: Tensor, norm: nn.Module) -> Tensor:
     """transformers' RMSNorm: normalised in float32, rounded to ``x``'s dtype, then weighted."""
-    normed = F.rms_norm(x.float(), (x.shape[-1],), None, norm.variance_epsilon)
-    return norm.weight * normed.to(x.dtype)
+    return fused.rms_norm(x, norm.weight, norm.variance_epsilon)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

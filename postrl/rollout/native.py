@@ -1,4 +1,5 @@
-"""postrl's own float32 kernels for the lean sampler, in C, compiled on first use.
+"""postrl's own kernels, in C, compiled on first use: float32 ones for the lean sampler, and
+the training forward's fused RMSNorm and SwiGLU in float32 or bf16.
 
 - ``gemm.c``, the linear layers: at a decode step's 1 to 32 rows oneDNN's packed float32
   linear leaves about a fifth of its time on the table; measured on an AVX-512 CPU (2 cores,
@@ -14,6 +15,8 @@
 - ``sample.c``, the sampling step (temperature, no truncation): a token per row drawn from its
   uniform by inversion, its log-probability and the entropy, three reading passes per row
   instead of PyTorch's softmax, float64 cumulative sum and search.
+- ``postrl/models/fused.c``, the training forward's RMSNorm and SiLU(gate) · up, forward and
+  backward, one pass per row each (``postrl.models.fused`` binds and uses them).
 
 (docs/performance.md, "postrl's own float32 kernels".) The C sources ship with the package
 and are compiled once per source, compiler and CPU with the system's C compiler (``$CC``,
@@ -41,8 +44,9 @@ from torch import Tensor
 
 from postrl.models.loading import cache_dir as postrl_cache
 
-SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("gemm.c", "decode.c", "sample.c", "step.c"))
+SOURCES = (*(Path(__file__).with_name(name)
+             for name in ("gemm.c", "decode.c", "sample.c", "step.c")),
+           Path(__file__).parents[1] / "models" / "fused.c")  # the training forward's
 HEADERS = (Path(__file__).with_name("simd.h"),)  # included by the sources
 SWITCH = "POSTRL_NATIVE_KERNELS"  # "0": never use them
 PANEL = 32  # output columns per packed panel (gemm.c's NR)
@@ -66,6 +70,7 @@ class NativeKernels:
     Float32 CPU tensors only."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        self.library = library  # postrl.models.fused binds the training kernels' functions
         pointer, size, real, count = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
         self._pack = _function(library, "postrl_pack", pointer, pointer, size, size)
         self._linear = _function(library, "postrl_linear", pointer, size, size, pointer,

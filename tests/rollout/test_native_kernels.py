@@ -329,10 +329,12 @@ def test_they_share_pytorchs_openmp_runtime():
 
 def test_the_package_ships_every_source_it_compiles():
     """An installed (not editable) postrl must carry the C sources and their header:
-    pyproject's package data names them for ``postrl.rollout``."""
+    pyproject's package data names them for their packages (``postrl.rollout``,
+    ``postrl.models``)."""
     tomllib = pytest.importorskip("tomllib")
     project = Path(native.__file__).parents[2] / "pyproject.toml"
     data = tomllib.loads(project.read_text())["tool"]["setuptools"]["package-data"]
     for source in native.SOURCES + native.HEADERS:
-        assert source.exists() and source.parent.name == "rollout"
-        assert any(fnmatch(source.name, pattern) for pattern in data["postrl.rollout"]), source
+        package = f"postrl.{source.parent.name}"
+        assert source.exists() and source.parent.parent.name == "postrl"
+        assert any(fnmatch(source.name, pattern) for pattern in data.get(package, ())), source

@@ -1,0 +1,145 @@
+/* The training forward's RMSNorm and SiLU(gate) * up, forward and backward, in float32 or
+ * bf16, AVX-512: one pass over a row where PyTorch runs several operations, each of which
+ * reads and writes the whole micro-batch (and, in bf16, rounds and converts between them).
+ *
+ * The maths is transformers' (postrl/models/layers.py): RMSNorm normalises in float32 and
+ * rounds the normalised row to the input's dtype before multiplying by the weight; SiLU's
+ * output is rounded before it multiplies `up`. Backward passes compute in float32 from the
+ * stored inputs and round once, at the end (PyTorch's autograd also rounds some of the
+ * intermediate products to bf16). bf16 is stored as the upper half of a float32 and rounded
+ * to nearest, ties to even, as PyTorch rounds it.
+ */
+#include <math.h>
+#include <omp.h>
+
+#include "../rollout/simd.h"
+
+/* 1 / sqrt(mean(x^2) + eps) of one row of `width`. */
+static inline float inverse_rms(const void *x, int64_t width, float eps, int bf16) {
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < width; i += 16) {
+        __m512 v = load16(x, i, bf16, width - i);
+        sum = _mm512_fmadd_ps(v, v, sum);
+    }
+    return 1.0f / sqrtf(_mm512_reduce_add_ps(sum) / (float)width + eps);
+}
+
+static inline void norm_forward_row(const void *x, const void *weight, void *y, float *scale,
+                                    int64_t width, float eps, int bf16) {
+    float s = inverse_rms(x, width, eps, bf16);
+    *scale = s;
+    __m512 vs = _mm512_set1_ps(s);
+    for (int64_t i = 0; i < width; i += 16) {
+        __m512 normed = round16(_mm512_mul_ps(load16(x, i, bf16, width - i), vs), bf16);
+        store16(y, i, _mm512_mul_ps(normed, load16(weight, i, bf16, width - i)), bf16, width - i);
+    }
+}
+
+/* y[r] = weight * round(x[r] * s[r]), s[r] = 1 / sqrt(mean(x[r]^2) + eps), written to
+ * `scale[r]`; rows of `width`, contiguous. */
+void postrl_norm_forward(const void *x, const void *weight, void *y, float *scale, int64_t rows,
+                         int64_t width, float eps, int bf16, int threads) {
+    int64_t size = element_size(bf16);
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * width > 65536)
+    for (int64_t r = 0; r < rows; r++)
+        norm_forward_row((const char *)x + r * width * size, weight,
+                         (char *)y + r * width * size, scale + r, width, eps, bf16);
+}
+
+/* One row's dx, and its terms of dweight added into `dweight` (float32; NULL: none):
+ * n = x s, dn = dy weight, dx = s (dn - n mean(dn n)), dweight += dy round(n). */
+static inline void norm_backward_row(const void *dy, const void *x, const void *weight, float s,
+                                     void *dx, float *dweight, int64_t width, int bf16) {
+    __m512 vs = _mm512_set1_ps(s), dot = _mm512_setzero_ps();
+    for (int64_t i = 0; i < width; i += 16) {
+        int64_t count = width - i;
+        __m512 n = _mm512_mul_ps(load16(x, i, bf16, count), vs), g = load16(dy, i, bf16, count);
+        dot = _mm512_fmadd_ps(_mm512_mul_ps(g, load16(weight, i, bf16, count)), n, dot);
+        if (dweight) {
+            __mmask16 m = lanes(count);
+            __m512 sum = _mm512_fmadd_ps(g, round16(n, bf16),
+                                         _mm512_maskz_loadu_ps(m, dweight + i));
+            _mm512_mask_storeu_ps(dweight + i, m, sum);
+        }
+    }
+    __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(dot) / (float)width);
+    for (int64_t i = 0; i < width; i += 16) {
+        int64_t count = width - i;
+        __m512 n = _mm512_mul_ps(load16(x, i, bf16, count), vs);
+        __m512 dn = _mm512_mul_ps(load16(dy, i, bf16, count), load16(weight, i, bf16, count));
+        store16(dx, i, _mm512_mul_ps(vs, _mm512_fnmadd_ps(n, mean, dn)), bf16, count);
+    }
+}
+
+/* The backward of postrl_norm_forward: dx (rows of `width`, contiguous) and, unless `dweight`
+ * is NULL, dweight's terms: thread t adds its rows' into `dweight + t * width` (float32,
+ * `threads` rows of `width`: zero them first, then sum them). */
+void postrl_norm_backward(const void *dy, const void *x, const void *weight, const float *scale,
+                          void *dx, float *dweight, int64_t rows, int64_t width, int bf16,
+                          int threads) {
+    int64_t size = element_size(bf16);
+#pragma omp parallel num_threads(threads) if (rows * width > 65536)
+    {
+        float *own = dweight ? dweight + omp_get_thread_num() * width : NULL;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t at = r * width * size;
+            norm_backward_row((const char *)dy + at, (const char *)x + at, weight, scale[r],
+                              (char *)dx + at, own, width, bf16);
+        }
+    }
+}
+
+/* 1 / (1 + e^-g), 16 lanes: the reciprocal by its 14-bit estimate and a Newton step (relative
+ * error about 2^-28), a third of a division's time. */
+static inline __m512 sigmoid(__m512 g) {
+    __m512 one = _mm512_set1_ps(1.0f);
+    __m512 d = _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+    __m512 r = _mm512_rcp14_ps(d);
+    return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, one), r);
+}
+
+/* h[r] = round(SiLU(gate[r])) * up[r]; gate and up rows `gate_stride` and `up_stride`
+ * elements apart, h's contiguous, all `width` wide. */
+void postrl_swiglu_forward(const void *gate, int64_t gate_stride, const void *up,
+                           int64_t up_stride, void *h, int64_t rows, int64_t width, int bf16,
+                           int threads) {
+    int64_t size = element_size(bf16);
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * width > 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        const char *g = (const char *)gate + r * gate_stride * size;
+        const char *u = (const char *)up + r * up_stride * size;
+        char *out = (char *)h + r * width * size;
+        for (int64_t i = 0; i < width; i += 16) {
+            int64_t count = width - i;
+            __m512 x = load16(g, i, bf16, count);
+            __m512 silu = round16(_mm512_mul_ps(x, sigmoid(x)), bf16);
+            store16(out, i, _mm512_mul_ps(silu, load16(u, i, bf16, count)), bf16, count);
+        }
+    }
+}
+
+/* The backward of postrl_swiglu_forward: dup = dh round(SiLU(g)), dgate = dh up SiLU'(g),
+ * SiLU'(g) = s (1 + g (1 - s)) with s the sigmoid; dh, dgate and dup contiguous. */
+void postrl_swiglu_backward(const void *dh, const void *gate, int64_t gate_stride,
+                            const void *up, int64_t up_stride, void *dgate, void *dup,
+                            int64_t rows, int64_t width, int bf16, int threads) {
+    int64_t size = element_size(bf16);
+    __m512 one = _mm512_set1_ps(1.0f);
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * width > 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        const char *g = (const char *)gate + r * gate_stride * size;
+        const char *u = (const char *)up + r * up_stride * size;
+        int64_t at = r * width * size;
+        for (int64_t i = 0; i < width; i += 16) {
+            int64_t count = width - i;
+            __m512 x = load16(g, i, bf16, count), d = load16((const char *)dh + at, i, bf16, count);
+            __m512 s = sigmoid(x);
+            __m512 silu = round16(_mm512_mul_ps(x, s), bf16);
+            store16((char *)dup + at, i, _mm512_mul_ps(d, silu), bf16, count);
+            __m512 slope = _mm512_mul_ps(s, _mm512_fmadd_ps(x, _mm512_sub_ps(one, s), one));
+            __m512 dg = _mm512_mul_ps(_mm512_mul_ps(d, load16(u, i, bf16, count)), slope);
+            store16((char *)dgate + at, i, dg, bf16, count);
+        }
+    }
+}

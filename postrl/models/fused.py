@@ -1,0 +1,150 @@
+"""The training forward's RMSNorm and SwiGLU as single kernels, forward and backward
+(``fused.c``, built with postrl's other native kernels: ``postrl.rollout.native``).
+
+PyTorch runs transformers' RMSNorm as about eight operations forward and a dozen backward, and
+``SiLU(gate) * up`` as two forward and four backward, each a pass over the micro-batch (in bf16
+with a conversion on either side). Here each is one pass per row, forward and backward, with the
+same roundings in the forward (docs/performance.md). They serve float32 and bf16 CPU tensors;
+anything else (another device or dtype, a tensor subclass such as FSDP's DTensor, a
+``torch.compile`` trace, a CPU without the native kernels) takes PyTorch's operations, which
+compute the same maths.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """transformers' RMSNorm of ``x`` over its last dimension: normalised in float32, rounded
+    to ``x``'s dtype, then multiplied by ``weight``."""
+    if _native(x, weight) is not None:
+        return _RMSNorm.apply(x, weight, eps)
+    normed = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
+    return weight * normed.to(x.dtype)
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """``SiLU(gate) * up``, SiLU's output rounded to the dtype before the product."""
+    if _native(gate, up) is not None and gate.shape == up.shape:
+        return _SwiGLU.apply(gate, up)
+    return F.silu(gate) * up
+
+
+class _Bindings:
+    """``fused.c``'s functions in the loaded native library."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        pointer, size, real, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+
+        def bind(name: str, *argtypes):
+            function = getattr(library, name)
+            function.argtypes, function.restype = list(argtypes), None
+            return function
+
+        self.norm_forward = bind("postrl_norm_forward", pointer, pointer, pointer, pointer, size,
+                                 size, real, flag, flag)
+        self.norm_backward = bind("postrl_norm_backward", pointer, pointer, pointer, pointer,
+                                  pointer, pointer, size, size, flag, flag)
+        self.swiglu_forward = bind("postrl_swiglu_forward", pointer, size, pointer, size, pointer,
+                                   size, size, flag, flag)
+        self.swiglu_backward = bind("postrl_swiglu_backward", pointer, pointer, size, pointer,
+                                    size, pointer, pointer, size, size, flag, flag)
+
+
+_bindings: dict[int, _Bindings] = {}
+
+
+def _native(*tensors: Tensor) -> _Bindings | None:
+    """The kernels' bindings when they serve these tensors (plain CPU tensors of one dtype,
+    float32 or bf16, outside a compile trace), else None."""
+    first = tensors[0]
+    if (first.dtype not in _DTYPES or torch.compiler.is_compiling()
+            or any(type(t) not in (Tensor, torch.nn.Parameter) or t.device.type != "cpu"
+                   or t.dtype != first.dtype for t in tensors)):
+        return None
+    from postrl.rollout.native import native_kernels  # not at the top: postrl.rollout imports
+
+    kernels = native_kernels()  # this package (a cycle)
+    if kernels is None:
+        return None
+    key = id(kernels.library)
+    if key not in _bindings:
+        _bindings[key] = _Bindings(kernels.library)
+    return _bindings[key]
+
+
+def _rows(t: Tensor) -> Tensor:
+    """``t`` as contiguous rows of its last dimension."""
+    return t.reshape(-1, t.shape[-1]).contiguous()
+
+
+def _strided_rows(t: Tensor) -> tuple[Tensor, int]:
+    """``t`` as rows of its last dimension, each contiguous, and the rows' stride (no copy where
+    ``t`` is already such: the gate and up halves of a recorded gate|up output)."""
+    rows = t.reshape(-1, t.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    return rows, rows.stride(0)
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        bindings, rows = _native(x, weight), _rows(x)
+        weight_c = weight.detach().contiguous()
+        y = torch.empty_like(rows)
+        scale = torch.empty(rows.shape[0], dtype=torch.float32)
+        bindings.norm_forward(rows.data_ptr(), weight_c.data_ptr(), y.data_ptr(),
+                              scale.data_ptr(), rows.shape[0], rows.shape[1], eps,
+                              int(x.dtype == torch.bfloat16), torch.get_num_threads())
+        ctx.save_for_backward(rows, weight_c, scale)
+        ctx.shape = x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        rows, weight, scale = ctx.saved_tensors
+        bindings, threads = _native(rows, weight), torch.get_num_threads()
+        grad = _rows(grad.to(rows.dtype))
+        dx = torch.empty_like(rows)
+        partial = (torch.zeros(threads, rows.shape[1], dtype=torch.float32)
+                   if ctx.needs_input_grad[1] else None)
+        bindings.norm_backward(grad.data_ptr(), rows.data_ptr(), weight.data_ptr(),
+                               scale.data_ptr(), dx.data_ptr(),
+                               None if partial is None else partial.data_ptr(), rows.shape[0],
+                               rows.shape[1], int(rows.dtype == torch.bfloat16), threads)
+        dweight = None if partial is None else partial.sum(0).to(weight.dtype)
+        return dx.view(ctx.shape), dweight, None
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate: Tensor, up: Tensor) -> Tensor:
+        bindings = _native(gate, up)
+        (gate_rows, gate_stride), (up_rows, up_stride) = _strided_rows(gate), _strided_rows(up)
+        h = torch.empty(gate_rows.shape, dtype=gate.dtype)
+        bindings.swiglu_forward(gate_rows.data_ptr(), gate_stride, up_rows.data_ptr(), up_stride,
+                                h.data_ptr(), h.shape[0], h.shape[1],
+                                int(gate.dtype == torch.bfloat16), torch.get_num_threads())
+        ctx.save_for_backward(gate_rows, up_rows)
+        ctx.strides, ctx.shape = (gate_stride, up_stride), gate.shape
+        return h.view(gate.shape)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        gate, up = ctx.saved_tensors
+        bindings, (gate_stride, up_stride) = _native(gate, up), ctx.strides
+        grad = _rows(grad.to(gate.dtype))
+        dgate, dup = torch.empty_like(grad), torch.empty_like(grad)
+        bindings.swiglu_backward(grad.data_ptr(), gate.data_ptr(), gate_stride, up.data_ptr(),
+                                 up_stride, dgate.data_ptr(), dup.data_ptr(), grad.shape[0],
+                                 grad.shape[1], int(gate.dtype == torch.bfloat16),
+                                 torch.get_num_threads())
+        return dgate.view(ctx.shape), dup.view(ctx.shape)

@@ -1,0 +1,130 @@
+"""The training forward's fused RMSNorm and SwiGLU (``postrl/models/fused.c``) against
+PyTorch's operations: the same values forward, gradients to float rounding, in float32 and
+bf16; and what takes PyTorch's path."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from postrl.models import fused
+from postrl.rollout import native
+
+needs_native = pytest.mark.skipif(native.native_kernels() is None,
+                                  reason=f"no native kernels: {native.unavailable_reason()}")
+
+# bf16 backward: PyTorch rounds intermediate products to bf16, the kernels round once
+TOLERANCE = {torch.float32: {"rtol": 1e-5, "atol": 1e-5},
+             torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2}}
+
+
+def torch_norm(x, weight, eps):
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+
+
+def gradients(fn, inputs, grad):
+    inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = fn(*inputs)
+    out.backward(grad)
+    return out.detach(), [t.grad for t in inputs]
+
+
+def exact_norm_gradients(x, weight, grad, eps):
+    """float64 dx and dweight of transformers' RMSNorm at these (rounded) inputs, and the
+    scale of each element's terms (what float32 rounding of a sum is relative to)."""
+    dtype = x.dtype
+    x, weight, grad = (t.detach().double().reshape(-1, t.shape[-1]) for t in (x, weight, grad))
+    s = (x.square().mean(-1, keepdim=True) + eps).rsqrt()
+    n = x * s
+    rounded = n.to(dtype).double()  # as the forward multiplied it by the weight
+    dn = grad * weight
+    dx = s * (dn - n * (dn * n).mean(-1, keepdim=True))
+    dx_scale = s * (dn.abs() + n.abs() * (dn * n).abs().mean(-1, keepdim=True))
+    return dx, dx_scale, (grad * rounded).sum(0), (grad * rounded).abs().sum(0)
+
+
+def assert_near(actual, exact, scale, relative):
+    """Within ``relative`` of the exact value, plus float32 rounding of the terms' sum."""
+    error = (actual.double().reshape(exact.shape) - exact).abs()
+    bound = relative * exact.abs() + 1e-5 * scale + 1e-30
+    assert bool((error <= bound).all()), f"worst: {(error / bound).max().item():.2f} of bound"
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 17, 576), (40, 64), (1, 1, 24)])
+def test_rms_norm_matches_pytorch(dtype, shape):
+    """The forward equals PyTorch's (float32: to rounding; bf16: the same roundings, the sum
+    of squares aside); the gradients are the exact ones at the inputs, rounded once (PyTorch's
+    bf16 autograd rounds products on the way, so it is compared in float32 only)."""
+    generator = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=generator) * 3).to(dtype).requires_grad_()
+    weight = (1 + 0.2 * torch.randn(shape[-1], generator=generator)).to(dtype).requires_grad_()
+    grad = torch.randn(shape, generator=generator).to(dtype)
+    out, (dx, dweight) = gradients(lambda a, w: fused.rms_norm(a, w, 1e-5), (x, weight), grad)
+    expected, (ex, eweight) = gradients(lambda a, w: torch_norm(a, w, 1e-5), (x, weight), grad)
+    assert out.dtype == dtype and dx.dtype == dtype and dweight.dtype == dtype
+    torch.testing.assert_close(out, expected, rtol=1e-6 if dtype == torch.float32 else 8e-3,
+                               atol=1e-6)
+    relative = 2.0 ** -7 if dtype == torch.bfloat16 else 1e-6  # bf16: a half-ulp is 2^-8
+    exact_dx, dx_scale, exact_dweight, dweight_scale = exact_norm_gradients(x, weight, grad, 1e-5)
+    assert_near(dx, exact_dx, dx_scale, relative)
+    assert_near(dweight, exact_dweight, dweight_scale, relative)
+    if dtype == torch.float32:
+        torch.testing.assert_close(dx, ex, **TOLERANCE[dtype])
+        torch.testing.assert_close(dweight, eweight, **TOLERANCE[dtype])
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_without_a_weight_gradient(dtype):
+    """A frozen weight (no gradient asked) and a forward without autograd give the same x
+    gradient and output."""
+    x = torch.randn(5, 96).to(dtype).requires_grad_()
+    weight = torch.linspace(0.5, 1.5, 96).to(dtype)
+    grad = torch.randn(5, 96).to(dtype)
+    out, (dx, dweight) = gradients(lambda a, w: fused.rms_norm(a, w, 1e-6), (x, weight), grad)
+    _, (ex, _) = gradients(lambda a, w: torch_norm(a, w, 1e-6), (x, weight), grad)
+    assert dweight is None
+    torch.testing.assert_close(dx, ex, **TOLERANCE[dtype])
+    with torch.no_grad():
+        assert torch.equal(fused.rms_norm(x, weight, 1e-6), out)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("joined", [True, False])
+def test_swiglu_matches_pytorch(dtype, joined):
+    """Gate and up as the halves of one gate|up output (strided rows, as the recorded
+    forward hands them over) or as tensors of their own; large |gate| included."""
+    generator = torch.Generator().manual_seed(7)
+    gate_up = (torch.randn(2, 9, 2 * 200, generator=generator) * 4).to(dtype)
+    gate_up[0, 0, :4] = torch.tensor([-100.0, 100.0, -87.5, 0.0])
+    gate_up.requires_grad_()
+    grad = torch.randn(2, 9, 200, generator=generator).to(dtype)
+
+    def run(fn):
+        source = gate_up.detach().clone().requires_grad_()
+        gate, up = (source.split(200, dim=-1) if joined
+                    else (t.contiguous() for t in source.split(200, dim=-1)))
+        out = fn(gate, up)
+        out.backward(grad)
+        return out.detach(), source.grad
+
+    out, d = run(fused.swiglu)
+    expected, ed = run(lambda g, u: F.silu(g) * u)
+    torch.testing.assert_close(out, expected, rtol=1e-6 if dtype == torch.float32 else 8e-3,
+                               atol=1e-6)
+    torch.testing.assert_close(d, ed, **TOLERANCE[dtype])
+
+
+def test_other_tensors_take_pytorchs_path(monkeypatch):
+    """float64, mixed dtypes and a switched-off build compute with PyTorch's operations."""
+    x = torch.randn(4, 32, dtype=torch.float64, requires_grad=True)
+    weight = torch.ones(32, dtype=torch.float64)
+    assert fused._native(x, weight) is None
+    torch.testing.assert_close(fused.rms_norm(x, weight, 1e-5), torch_norm(x, weight, 1e-5))
+    assert fused._native(x.float(), weight.to(torch.bfloat16)) is None
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert fused._native(x.float(), weight.float()) is None
+    gate, up = torch.randn(2, 8), torch.randn(2, 8)
+    torch.testing.assert_close(fused.swiglu(gate, up), F.silu(gate) * up)
