@@ -24,7 +24,7 @@ _DTYPES = (torch.float32, torch.bfloat16)
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """transformers' RMSNorm of ``x`` over its last dimension: normalised in float32, rounded
     to ``x``'s dtype, then multiplied by ``weight``."""
-    if _native(x, weight) is not None:
+    if native(x, weight) is not None:
         return _RMSNorm.apply(x, weight, eps)
     normed = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
     return weight * normed.to(x.dtype)
@@ -32,7 +32,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """``SiLU(gate) * up``, SiLU's output rounded to the dtype before the product."""
-    if _native(gate, up) is not None and gate.shape == up.shape:
+    if native(gate, up) is not None and gate.shape == up.shape:
         return _SwiGLU.apply(gate, up)
     return F.silu(gate) * up
 
@@ -56,12 +56,17 @@ class _Bindings:
                                    size, size, flag, flag)
         self.swiglu_backward = bind("postrl_swiglu_backward", pointer, pointer, size, pointer,
                                     size, pointer, pointer, size, size, flag, flag)
+        self.logprob_forward = bind("postrl_logprob_forward", pointer, size, size, size, pointer,
+                                    real, pointer, pointer, pointer, flag, flag)
+        self.logprob_backward = bind("postrl_logprob_backward", pointer, size, size, size,
+                                     pointer, real, pointer, pointer, pointer, pointer, pointer,
+                                     flag, flag)
 
 
 _bindings: dict[int, _Bindings] = {}
 
 
-def _native(*tensors: Tensor) -> _Bindings | None:
+def native(*tensors: Tensor) -> _Bindings | None:
     """The kernels' bindings when they serve these tensors (plain CPU tensors of one dtype,
     float32 or bf16, outside a compile trace), else None."""
     first = tensors[0]
@@ -97,7 +102,7 @@ def _strided_rows(t: Tensor) -> tuple[Tensor, int]:
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        bindings, rows = _native(x, weight), _rows(x)
+        bindings, rows = native(x, weight), _rows(x)
         weight_c = weight.detach().contiguous()
         y = torch.empty_like(rows)
         scale = torch.empty(rows.shape[0], dtype=torch.float32)
@@ -111,7 +116,7 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         rows, weight, scale = ctx.saved_tensors
-        bindings, threads = _native(rows, weight), torch.get_num_threads()
+        bindings, threads = native(rows, weight), torch.get_num_threads()
         grad = _rows(grad.to(rows.dtype))
         dx = torch.empty_like(rows)
         partial = (torch.zeros(threads, rows.shape[1], dtype=torch.float32)
@@ -127,7 +132,7 @@ class _RMSNorm(torch.autograd.Function):
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate: Tensor, up: Tensor) -> Tensor:
-        bindings = _native(gate, up)
+        bindings = native(gate, up)
         (gate_rows, gate_stride), (up_rows, up_stride) = _strided_rows(gate), _strided_rows(up)
         h = torch.empty(gate_rows.shape, dtype=gate.dtype)
         bindings.swiglu_forward(gate_rows.data_ptr(), gate_stride, up_rows.data_ptr(), up_stride,
@@ -140,7 +145,7 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         gate, up = ctx.saved_tensors
-        bindings, (gate_stride, up_stride) = _native(gate, up), ctx.strides
+        bindings, (gate_stride, up_stride) = native(gate, up), ctx.strides
         grad = _rows(grad.to(gate.dtype))
         dgate, dup = torch.empty_like(grad), torch.empty_like(grad)
         bindings.swiglu_backward(grad.data_ptr(), gate.data_ptr(), gate_stride, up.data_ptr(),

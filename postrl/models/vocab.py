@@ -11,13 +11,18 @@ form (``z`` are the temperature-scaled logits, ``p = softmax(z)``, ``H = -sum p 
     d H / d z       = -p * (log p + H)
 
 The vocabulary dimension is reduced in float32 whatever the logits' dtype (float64 stays
-float64, which lets ``torch.autograd.gradcheck`` check the backward).
+float64, which lets ``torch.autograd.gradcheck`` check the backward). On a CPU with postrl's
+native kernels, float32 and bf16 logits go through ``vocab.c`` instead: two reading passes
+forward, keeping only each row's log-sum-exp (not the probabilities), and one pass backward
+that recomputes the probabilities and writes the gradient (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from postrl.models import fused
 
 
 def logprob_and_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0,
@@ -36,6 +41,12 @@ class _LogProbEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, entropy_grad: bool,
                 with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        ctx.temperature, ctx.dtype = temperature, logits.dtype
+        ctx.entropy_grad = entropy_grad
+        ctx.native = (fused.native(logits) is not None and logits.dim() == 2
+                      and targets.dtype == torch.int64)
+        if ctx.native:
+            return _native_forward(ctx, logits, targets, with_entropy)
         z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
         if temperature != 1.0:
             z = z / temperature
@@ -45,10 +56,8 @@ class _LogProbEntropy(torch.autograd.Function):
         probs.div_(total)
         lse = (top + total.log()).squeeze(-1)
         # vecdot, not bmm: on the CPU bmm's float32 sum over the vocabulary is ~20x less exact
-        entropy = lse - torch.linalg.vecdot(probs, z) if with_entropy else None
+        entropy = lse - torch.linalg.vecdot(probs, _finite(z)) if with_entropy else None
         logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-        ctx.temperature, ctx.dtype = temperature, logits.dtype
-        ctx.entropy_grad = entropy_grad
         if entropy_grad:
             ctx.save_for_backward(probs, targets, z, lse, entropy)
         else:
@@ -57,14 +66,58 @@ class _LogProbEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
+        if ctx.native:
+            return _native_backward(ctx, grad_logp, grad_entropy), None, None, None, None
         probs, targets = ctx.saved_tensors[:2]
         grad = probs * grad_logp.neg().unsqueeze(-1)
         grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
         if ctx.entropy_grad and grad_entropy is not None:
             _, _, z, lse, entropy = ctx.saved_tensors
             # -p * (log p + H) * g, with log p = z - lse
-            spread = (z - (lse - entropy).unsqueeze(-1)).mul_(probs)
+            spread = (_finite(z) - (lse - entropy).unsqueeze(-1)).mul_(probs)
             grad.sub_(spread.mul_(grad_entropy.unsqueeze(-1)))
         if ctx.temperature != 1.0:
             grad.div_(ctx.temperature)
         return grad.to(ctx.dtype), None, None, None, None
+
+
+def _finite(z: Tensor) -> Tensor:
+    """``z`` with -inf (a masked logit, of probability 0) as the dtype's lowest finite value,
+    so that it adds 0 to sums weighted by the probabilities, not 0 * -inf = NaN."""
+    return z.clamp(min=torch.finfo(z.dtype).min)
+
+
+def _native_forward(ctx, logits: Tensor, targets: Tensor, with_entropy: bool
+                    ) -> tuple[Tensor, Tensor | None]:
+    """``vocab.c``'s forward; keeps the logits (their rows contiguous) and each row's lse."""
+    rows = logits if logits.stride(-1) == 1 else logits.contiguous()
+    targets = targets.contiguous()
+    count = rows.shape[0]
+    logp, lse = torch.empty(count), torch.empty(count)
+    entropy = torch.empty(count) if with_entropy else None
+    fused.native(rows).logprob_forward(
+        rows.data_ptr(), count, rows.shape[1], rows.stride(0) if count > 1 else rows.shape[1],
+        targets.data_ptr(), 1.0 / ctx.temperature, logp.data_ptr(), lse.data_ptr(),
+        0 if entropy is None else entropy.data_ptr(), int(rows.dtype == torch.bfloat16),
+        torch.get_num_threads())
+    saved = (rows, targets, lse, entropy) if ctx.entropy_grad else (rows, targets, lse)
+    ctx.save_for_backward(*saved)
+    return logp, entropy
+
+
+def _native_backward(ctx, grad_logp: Tensor, grad_entropy: Tensor | None) -> Tensor:
+    """``vocab.c``'s backward: the logits' gradient, in their dtype."""
+    rows, targets, lse = ctx.saved_tensors[:3]
+    entropy = ctx.saved_tensors[3] if ctx.entropy_grad else None
+    count, vocab = rows.shape
+    grad_logp = (torch.zeros(count) if grad_logp is None else grad_logp.float().contiguous())
+    use_entropy = ctx.entropy_grad and grad_entropy is not None
+    grad_entropy = grad_entropy.float().contiguous() if use_entropy else None
+    grad = torch.empty((count, vocab), dtype=rows.dtype)
+    fused.native(rows).logprob_backward(
+        rows.data_ptr(), count, vocab, rows.stride(0) if count > 1 else vocab,
+        targets.data_ptr(), 1.0 / ctx.temperature, lse.data_ptr(),
+        entropy.data_ptr() if use_entropy else 0, grad_logp.data_ptr(),
+        grad_entropy.data_ptr() if use_entropy else 0, grad.data_ptr(),
+        int(rows.dtype == torch.bfloat16), torch.get_num_threads())
+    return grad

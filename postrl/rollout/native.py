@@ -1,5 +1,5 @@
 """postrl's own kernels, in C, compiled on first use: float32 ones for the lean sampler, and
-the training forward's fused RMSNorm and SwiGLU in float32 or bf16.
+the training forward's fused RMSNorm, SwiGLU and vocabulary log-softmax in float32 or bf16.
 
 - ``gemm.c``, the linear layers: at a decode step's 1 to 32 rows oneDNN's packed float32
   linear leaves about a fifth of its time on the table; measured on an AVX-512 CPU (2 cores,
@@ -16,7 +16,8 @@ the training forward's fused RMSNorm and SwiGLU in float32 or bf16.
   uniform by inversion, its log-probability and the entropy, three reading passes per row
   instead of PyTorch's softmax, float64 cumulative sum and search.
 - ``postrl/models/fused.c``, the training forward's RMSNorm and SiLU(gate) · up, forward and
-  backward, one pass per row each (``postrl.models.fused`` binds and uses them).
+  backward, one pass per row each; ``postrl/models/vocab.c``, the log-probability and entropy
+  over the vocabulary, forward and backward (``postrl.models.fused`` binds them).
 
 (docs/performance.md, "postrl's own float32 kernels".) The C sources ship with the package
 and are compiled once per source, compiler and CPU with the system's C compiler (``$CC``,
@@ -46,7 +47,8 @@ from postrl.models.loading import cache_dir as postrl_cache
 
 SOURCES = (*(Path(__file__).with_name(name)
              for name in ("gemm.c", "decode.c", "sample.c", "step.c")),
-           Path(__file__).parents[1] / "models" / "fused.c")  # the training forward's
+           *(Path(__file__).parents[1] / "models" / name  # the training forward's
+             for name in ("fused.c", "vocab.c")))
 HEADERS = (Path(__file__).with_name("simd.h"),)  # included by the sources
 SWITCH = "POSTRL_NATIVE_KERNELS"  # "0": never use them
 PANEL = 32  # output columns per packed panel (gemm.c's NR)
