@@ -11,6 +11,7 @@
  */
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 
 #include "../rollout/simd.h"
 
@@ -140,6 +141,70 @@ void postrl_swiglu_backward(const void *dh, const void *gate, int64_t gate_strid
             __m512 slope = _mm512_mul_ps(s, _mm512_fmadd_ps(x, _mm512_sub_ps(one, s), one));
             __m512 dg = _mm512_mul_ps(_mm512_mul_ps(d, load16(u, i, bf16, count)), slope);
             store16((char *)dgate + at, i, dg, bf16, count);
+        }
+    }
+}
+
+/* The attention's weights: out = round(softmax(scale * scores + bias)) over each row of
+ * `columns`, in float32. scores and out are [rows, heads, width, columns], bias is
+ * [rows, width, columns] (the same for every head), all contiguous. */
+void postrl_softmax_forward(const void *scores, const void *bias, void *out, int64_t rows,
+                            int64_t heads, int64_t width, int64_t columns, float scale,
+                            int bf16, int threads) {
+    int64_t size = element_size(bf16), lines = rows * heads * width;
+    int64_t padded = (columns + 15) / 16 * 16;
+    __m512 vscale = _mm512_set1_ps(scale);
+#pragma omp parallel num_threads(threads) if (lines * columns > 65536)
+    {
+        float *z = aligned_alloc(64, (size_t)padded * sizeof(float)); /* a row, then its e^z */
+#pragma omp for schedule(static)
+        for (int64_t line = 0; line < lines; line++) {
+            int64_t r = line / (heads * width), w = line % width;
+            const char *s = (const char *)scores + line * columns * size;
+            const char *b = (const char *)bias + (r * width + w) * columns * size;
+            char *o = (char *)out + line * columns * size;
+            __m512 most = _mm512_set1_ps(-INFINITY);
+            for (int64_t i = 0; i < columns; i += 16) {
+                __m512 v = _mm512_fmadd_ps(load16(s, i, bf16, columns - i), vscale,
+                                           load16(b, i, bf16, columns - i));
+                _mm512_store_ps(z + i, v);
+                most = _mm512_max_ps(most, _mm512_mask_mov_ps(most, lanes(columns - i), v));
+            }
+            __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(most)), sum = _mm512_setzero_ps();
+            for (int64_t i = 0; i < columns; i += 16) {
+                __m512 e = _mm512_maskz_mov_ps(lanes(columns - i),
+                                               exp16(_mm512_sub_ps(_mm512_load_ps(z + i), top)));
+                _mm512_store_ps(z + i, e);
+                sum = _mm512_add_ps(sum, e);
+            }
+            __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+            for (int64_t i = 0; i < columns; i += 16)
+                store16(o, i, _mm512_mul_ps(_mm512_load_ps(z + i), inverse), bf16, columns - i);
+        }
+        free(z);
+    }
+}
+
+/* Its backward: dscores = scale * p (dp - sum_j p_j dp_j) per row of `columns`, p the
+ * forward's (rounded) weights; `lines` rows in all, contiguous. */
+void postrl_softmax_backward(const void *weights, const void *grad, void *dscores,
+                             int64_t lines, int64_t columns, float scale, int bf16,
+                             int threads) {
+    int64_t size = element_size(bf16);
+#pragma omp parallel for schedule(static) num_threads(threads) if (lines * columns > 65536)
+    for (int64_t line = 0; line < lines; line++) {
+        const char *p = (const char *)weights + line * columns * size;
+        const char *g = (const char *)grad + line * columns * size;
+        char *d = (char *)dscores + line * columns * size;
+        __m512 dot = _mm512_setzero_ps();
+        for (int64_t i = 0; i < columns; i += 16)
+            dot = _mm512_fmadd_ps(load16(p, i, bf16, columns - i), load16(g, i, bf16, columns - i),
+                                  dot);
+        __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(dot)), vscale = _mm512_set1_ps(scale);
+        for (int64_t i = 0; i < columns; i += 16) {
+            __m512 pv = load16(p, i, bf16, columns - i);
+            __m512 diff = _mm512_sub_ps(load16(g, i, bf16, columns - i), total);
+            store16(d, i, _mm512_mul_ps(_mm512_mul_ps(pv, diff), vscale), bf16, columns - i);
         }
     }
 }

@@ -26,6 +26,11 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     to ``x``'s dtype, then multiplied by ``weight``."""
     if native(x, weight) is not None:
         return _RMSNorm.apply(x, weight, eps)
+    return torch_rms_norm(x, weight, eps)
+
+
+def torch_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """:func:`rms_norm` by PyTorch's operations."""
     normed = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
     return weight * normed.to(x.dtype)
 
@@ -34,7 +39,28 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """``SiLU(gate) * up``, SiLU's output rounded to the dtype before the product."""
     if native(gate, up) is not None and gate.shape == up.shape:
         return _SwiGLU.apply(gate, up)
+    return torch_swiglu(gate, up)
+
+
+def torch_swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """:func:`swiglu` by PyTorch's operations."""
     return F.silu(gate) * up
+
+
+def fuses_attention(query: Tensor, bias: Tensor, columns: int) -> bool:
+    """Whether :func:`attention_weights` serves the scores of ``query [B, heads, L, d]`` over
+    ``columns`` keys with ``bias``."""
+    rows, _, width, _ = query.shape
+    # under autocast the scores' matmul runs in bf16 whatever the queries' dtype
+    return (native(query, bias) is not None and bias.shape == (rows, 1, width, columns)
+            and not torch.is_autocast_enabled(query.device.type))
+
+
+def attention_weights(scores: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """``softmax(scale * scores + bias)`` over the last dimension, in float32, rounded to
+    ``scores``' dtype: ``scores [B, heads, L, C]`` (contiguous), ``bias [B, 1, L, C]``
+    (additive, the same for every head), where :func:`fuses_attention` says so."""
+    return _Softmax.apply(scores, bias.contiguous(), scale)
 
 
 class _Bindings:
@@ -56,6 +82,10 @@ class _Bindings:
                                    size, size, flag, flag)
         self.swiglu_backward = bind("postrl_swiglu_backward", pointer, pointer, size, pointer,
                                     size, pointer, pointer, size, size, flag, flag)
+        self.softmax_forward = bind("postrl_softmax_forward", pointer, pointer, pointer, size,
+                                    size, size, size, real, flag, flag)
+        self.softmax_backward = bind("postrl_softmax_backward", pointer, pointer, pointer, size,
+                                     size, real, flag, flag)
         self.logprob_forward = bind("postrl_logprob_forward", pointer, size, size, size, pointer,
                                     real, pointer, pointer, pointer, flag, flag)
         self.logprob_backward = bind("postrl_logprob_backward", pointer, size, size, size,
@@ -153,3 +183,27 @@ class _SwiGLU(torch.autograd.Function):
                                  grad.shape[1], int(gate.dtype == torch.bfloat16),
                                  torch.get_num_threads())
         return dgate.view(ctx.shape), dup.view(ctx.shape)
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores: Tensor, bias: Tensor, scale: float) -> Tensor:
+        rows, heads, width, columns = scores.shape
+        out = torch.empty_like(scores)
+        native(scores, bias).softmax_forward(
+            scores.data_ptr(), bias.data_ptr(), out.data_ptr(), rows, heads, width, columns,
+            scale, int(scores.dtype == torch.bfloat16), torch.get_num_threads())
+        ctx.save_for_backward(out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (weights,) = ctx.saved_tensors
+        grad = grad.to(weights.dtype).contiguous()
+        dscores = torch.empty_like(weights)
+        native(weights).softmax_backward(
+            weights.data_ptr(), grad.data_ptr(), dscores.data_ptr(),
+            weights.numel() // max(weights.shape[-1], 1), weights.shape[-1], ctx.scale,
+            int(weights.dtype == torch.bfloat16), torch.get_num_threads())
+        return dscores, None, None

@@ -6,7 +6,8 @@ per layer and micro-batch, forward and backward) and scales the attention scores
 matmul, a full pass over a ``[heads, L, P + L]`` tensor. Here a layer is a function of its
 inputs and weights: the prompt's keys and values are passed in (already rotated, one entry
 per row), a group's query heads are the query rows of their shared key/value head (the mask
-is the same for every head), and the scale is folded into the queries. With packed
+is the same for every head), and the scale is folded into the queries (or into the fused
+softmax, ``postrl.models.fused``). With packed
 responses, a micro-batch's prompts and responses go through each layer together
 (:func:`body_with_prompts`): one matmul per linear over both parts' tokens, attention within
 each, 13-17% less time in the layers than a pass over the prompts and then one over the
@@ -203,7 +204,7 @@ def _layer(layer, hidden: Tensor, cos: Tensor, sin: Tensor, bias: Tensor,
     query, key = rotate(query, cos, sin), rotate(key, cos, sin)
     keys = key if past_key is None else torch.cat([past_key, key], dim=2)
     values = value if past_value is None else torch.cat([past_value, value], dim=2)
-    out = _attend(query * attn.scaling, keys, values, bias)
+    out = _attend(query, keys, values, bias, attn.scaling)
     return _mlp_block(layer, hidden + _linear(out, attn.o_proj)), key, value
 
 
@@ -234,10 +235,10 @@ def _pair_layer(layer, flat: Tensor, shapes, prompt_angles, angles, prompt_bias:
         heads(_linear(x, m, known.get(m))) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
     prompt_query, prompt_key = (rotate(t, *prompt_angles) for t in (prompt_query, prompt_key))
     query, key = (rotate(t, *angles) for t in (query, key))
-    prompt_out = _attend(prompt_query * attn.scaling, prompt_key, prompt_value, prompt_bias)
+    prompt_out = _attend(prompt_query, prompt_key, prompt_value, prompt_bias, attn.scaling)
     keys = torch.cat([prompt_key.index_select(0, prompt_of_row), key], dim=2)
     values = torch.cat([prompt_value.index_select(0, prompt_of_row), value], dim=2)
-    out = _attend(query * attn.scaling, keys, values, bias)
+    out = _attend(query, keys, values, bias, attn.scaling)
     out = torch.cat([prompt_out.flatten(0, 1), out.flatten(0, 1)])
     return _mlp_block(layer, flat + _linear(out, attn.o_proj, known.get(attn.o_proj)), known)
 
@@ -283,18 +284,25 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def _attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
-    """``[B, L, heads * d]``: ``query [B, heads, L, d]`` (already scaled) over ``keys`` and
-    ``values [B, kv_heads, T, d]``; query head ``h`` reads key/value head ``h // group``."""
+def _attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """``[B, L, heads * d]``: ``query [B, heads, L, d]`` over ``keys`` and ``values [B,
+    kv_heads, T, d]``, the scores times ``scale``; query head ``h`` reads key/value head
+    ``h // group``. The softmax with its scale and bias is one kernel where
+    ``postrl.models.fused`` has it; elsewhere the scale multiplies the queries, the smaller
+    tensor."""
     rows, heads, width, dim = query.shape
     kv_heads, columns = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
-    scores = torch.matmul(query.reshape(rows, kv_heads, group * width, dim),
-                          keys.transpose(2, 3))
-    scores = (scores.view(rows, kv_heads, group, width, columns) + bias[:, :, None]).view(
-        rows, kv_heads, group * width, columns)
-    # float32 at least (float64 stays float64: its masked -1.8e308 would become -inf)
-    softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
-    weights = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(query.dtype)
-    out = torch.matmul(weights, values).view(rows, heads, width, dim)
-    return out.transpose(1, 2).reshape(rows, width, heads * dim)
+    fuse = fused.fuses_attention(query, bias, columns)
+    scores = torch.matmul((query if fuse else query * scale).reshape(
+        rows, kv_heads, group * width, dim), keys.transpose(2, 3))
+    if fuse:
+        weights = fused.attention_weights(scores.view(rows, heads, width, columns), bias, scale)
+    else:
+        scores = (scores.view(rows, kv_heads, group, width, columns) + bias[:, :, None]).view(
+            rows, kv_heads, group * width, columns)
+        # float32 at least (float64 stays float64: its masked -1.8e308 would become -inf)
+        softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
+        weights = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(query.dtype)
+    out = torch.matmul(weights.view(rows, kv_heads, group * width, columns), values)
+    return out.view(rows, heads, width, dim).transpose(1, 2).reshape(rows, width, heads * dim)

@@ -45,9 +45,13 @@ static inline __m512 load16(const void *p, int64_t i, int bf16, int64_t count) {
     if (count >= 16) {
         half = _mm256_loadu_si256((const __m256i *)q);
     } else {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+        half = _mm256_maskz_loadu_epi16(lanes(count), q);
+#else
         uint16_t part[16] = {0};
         for (int64_t k = 0; k < count; k++) part[k] = q[k];
         half = _mm256_loadu_si256((const __m256i *)part);
+#endif
     }
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
@@ -78,9 +82,13 @@ static inline void store16(void *p, int64_t i, __m512 v, int bf16, int64_t count
     if (count >= 16) {
         _mm256_storeu_si256((__m256i *)q, half);
     } else {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+        _mm256_mask_storeu_epi16(q, lanes(count), half);
+#else
         uint16_t part[16];
         _mm256_storeu_si256((__m256i *)part, half);
         for (int64_t k = 0; k < count; k++) q[k] = part[k];
+#endif
     }
 }
 

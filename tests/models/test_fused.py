@@ -128,3 +128,48 @@ def test_other_tensors_take_pytorchs_path(monkeypatch):
     assert fused.native(x.float(), weight.float()) is None
     gate, up = torch.randn(2, 8), torch.randn(2, 8)
     torch.testing.assert_close(fused.swiglu(gate, up), F.silu(gate) * up)
+
+
+@needs_native
+def test_attention_under_autocast_takes_pytorchs_path():
+    """Under autocast the scores' matmul gives bf16 whatever the queries' dtype, against a
+    float32 bias: the layers then scale the queries and use PyTorch's softmax."""
+    query, bias = torch.zeros(2, 3, 4, 8), torch.zeros(2, 1, 4, 5)
+    assert fused.fuses_attention(query, bias, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not fused.fuses_attention(query, bias, 5)
+    assert not fused.fuses_attention(query, bias[:, :, :3], 5)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_weights_match_pytorch(dtype):
+    """softmax(scale * scores + bias) and its backward against PyTorch's, with masked
+    columns (the dtype's lowest value, as the layers' bias holds them) and 45 columns (not a
+    multiple of 16); one query row sees a single column."""
+    generator = torch.Generator().manual_seed(11)
+    rows, heads, width, columns = 3, 6, 5, 45
+    scores = (torch.randn(rows, heads, width, columns, generator=generator) * 8).to(dtype)
+    allowed = torch.rand(rows, 1, width, columns, generator=generator) > 0.3
+    allowed[..., 0] = True
+    allowed[0, 0, 1] = False
+    allowed[0, 0, 1, 7] = True
+    bias = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    grad = torch.randn(rows, heads, width, columns, generator=generator).to(dtype)
+    query = torch.zeros(rows, heads, width, 8, dtype=dtype)
+    assert fused.fuses_attention(query, bias, columns)
+
+    def torch_weights(s):
+        return torch.softmax(s * 0.125 + bias, dim=-1, dtype=torch.float32).to(dtype)
+
+    out, (d,) = gradients(lambda s: fused.attention_weights(s, bias, 0.125),
+                          (scores.requires_grad_(),), grad)
+    expected, (ed,) = gradients(torch_weights, (scores,), grad)
+    assert out.dtype == d.dtype == dtype
+    assert bool((out[~allowed.expand_as(out)] == 0).all())
+    torch.testing.assert_close(out[0, :, 1, 7], torch.ones(heads, dtype=dtype))
+    torch.testing.assert_close(out, expected, rtol=1e-5 if dtype == torch.float32 else 2 ** -7,
+                               atol=1e-6)
+    # bf16: the backward uses the rounded weights where PyTorch keeps float32 ones
+    torch.testing.assert_close(d, ed, rtol=1e-5 if dtype == torch.float32 else 2 ** -6,
+                               atol=1e-5 if dtype == torch.float32 else 1e-3)

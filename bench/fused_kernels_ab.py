@@ -1,0 +1,93 @@
+"""The update with the training forward's fused kernels against PyTorch's operations,
+alternated in one process from the same weights and optimizer state.
+
+    python bench/fused_kernels_ab.py --part norm_mlp|vocab|attention|all [--steps 3]
+                                     [--reps 5] [--precision fp32|bf16-master]
+
+``norm_mlp``: RMSNorm and SiLU(gate) * up (``postrl/models/fused.c``); ``vocab``: the
+log-probability and entropy over the vocabulary (``postrl/models/vocab.c``); ``attention``:
+the attention's scaled, biased softmax (``fused.c``); ``all``: the three. ``bench/vs_trl.py``'s
+postrl run (SmolLM2, 4 prompts x 8, 64 new tokens, reading the sampler's record); the last
+step's update runs ``reps`` times each way (ABBA order, after an untimed warm-up), and the
+line gives the medians and their ratio. The steps before it train with the kernels on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import types
+
+from postrl.models import fused, vocab
+from postrl.models.recorded import parameter_versions
+
+PARTS = ("norm_mlp", "vocab", "attention")
+
+
+def switches(parts: tuple[str, ...]):
+    """``switch(on)``: ``parts``' kernels on, or PyTorch's operations in their place."""
+    kept = {"rms_norm": fused.rms_norm, "swiglu": fused.swiglu,
+            "fuses_attention": fused.fuses_attention, "vocab": vocab.fused}
+    off = {"rms_norm": fused.torch_rms_norm, "swiglu": fused.torch_swiglu,
+           "fuses_attention": lambda *args: False,
+           "vocab": types.SimpleNamespace(native=lambda *tensors: None)}
+    names = {"norm_mlp": ("rms_norm", "swiglu"), "attention": ("fuses_attention",),
+             "vocab": ("vocab",)}
+
+    def switch(on: bool) -> None:
+        for part in parts:
+            for name in names[part]:
+                value = (kept if on else off)[name]
+                if name == "vocab":
+                    vocab.fused = value
+                else:
+                    setattr(fused, name, value)
+    return switch
+
+
+def main() -> None:
+    from ab import alternating, from_one_state  # bench/, this script's directory
+    from vs_trl import postrl_config
+
+    from postrl.rollout.native import native_kernels, unavailable_reason
+    from postrl.train.trainer import Trainer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", required=True, choices=(*PARTS, "all"))
+    parser.add_argument("--steps", type=int, default=3, help="steps, the last one timed")
+    parser.add_argument("--reps", type=int, default=5, help="updates each way")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))
+    args = parser.parse_args()
+    if native_kernels() is None:
+        raise SystemExit(f"the native kernels are not available here: {unavailable_reason()}")
+    switch = switches(PARTS if args.part == "all" else (args.part,))
+    trainer = Trainer(postrl_config(args.steps, seed=0, precision=args.precision))
+    original = trainer._update
+
+    def both_ways(batch):
+        if trainer.step < args.steps - 1:
+            return original(batch)
+
+        def run(on):
+            if batch.recorded is not None:  # the same weights as recorded: read it again
+                batch.recorded.record.versions = parameter_versions(trainer.scoring_lm)
+            switch(on is not False)
+            try:
+                return original(batch)
+            finally:
+                switch(True)
+
+        times, metrics = from_one_state(trainer, run, [None, *alternating(args.reps)])
+        without, fused_ = (statistics.median(times[way]) for way in (False, True))
+        print(f"update ({args.precision}), {args.part}, {int(batch.lengths.sum())} tokens, "
+              f"medians of {args.reps} each way: PyTorch's {without:.3f} s, fused "
+              f"{fused_:.3f} s ({fused_ / without:.3f})")
+        return metrics
+
+    trainer._update = both_ways
+    for _ in range(args.steps):
+        trainer.train_step()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""bench/fused_kernels_ab.py switches the training forward's fused kernels off part by part:
+off, the layers and the vocabulary must compute by PyTorch's operations (or the A/B times
+nothing), and on again, by the kernels."""
+
+import pytest
+import torch
+
+from postrl.models import fused, vocab
+from postrl.rollout import native
+from tests.bench_scripts import load_bench_script
+
+
+@pytest.mark.skipif(native.native_kernels() is None, reason="no native kernels")
+@pytest.mark.parametrize("part", ["norm_mlp", "vocab", "attention"])
+def test_each_part_switches_off_and_on(part):
+    bench = load_bench_script("fused_kernels_ab")
+    switch = bench.switches((part,))
+    x, weight = torch.randn(4, 32, requires_grad=True), torch.ones(32)
+    query, bias = torch.zeros(2, 3, 4, 8), torch.zeros(2, 1, 4, 5)
+    logits = torch.randn(3, 40, requires_grad=True)
+    targets = torch.tensor([1, 2, 3])
+
+    def kernels_on() -> dict[str, bool]:
+        logp, _ = vocab.logprob_and_entropy(logits, targets)
+        return {"norm_mlp": fused.rms_norm(x, weight, 1e-5).grad_fn.name() == "_RMSNormBackward",
+                "attention": fused.fuses_attention(query, bias, 5),
+                "vocab": logp.grad_fn.name() == "_LogProbEntropyBackward"
+                and vocab.fused.native(logits) is not None}
+
+    assert all(kernels_on().values())
+    switch(False)
+    try:
+        off = kernels_on()
+        assert not off[part] and all(on for name, on in off.items() if name != part)
+    finally:
+        switch(True)
+    assert all(kernels_on().values())
