@@ -1,12 +1,13 @@
 """The update with the training forward's fused kernels against PyTorch's operations,
 alternated in one process from the same weights and optimizer state.
 
-    python bench/fused_kernels_ab.py --part norm_mlp|vocab|attention|all [--steps 3]
+    python bench/fused_kernels_ab.py --part norm_mlp|vocab|attention|rotate|all [--steps 3]
                                      [--reps 5] [--precision fp32|bf16-master]
 
 ``norm_mlp``: RMSNorm and SiLU(gate) * up (``postrl/models/fused.c``); ``vocab``: the
 log-probability and entropy over the vocabulary (``postrl/models/vocab.c``); ``attention``:
-the attention's scaled, biased softmax (``fused.c``); ``all``: the three. ``bench/vs_trl.py``'s
+the attention's scaled, biased softmax (``fused.c``); ``rotate``: the rotary embedding of
+queries and keys (``fused.c``); ``all``: the four. ``bench/vs_trl.py``'s
 postrl run (SmolLM2, 4 prompts x 8, 64 new tokens, reading the sampler's record); the last
 step's update runs ``reps`` times each way (ABBA order, after an untimed warm-up), and the
 line gives the medians and their ratio. The steps before it train with the kernels on.
@@ -21,18 +22,18 @@ import types
 from postrl.models import fused, vocab
 from postrl.models.recorded import parameter_versions
 
-PARTS = ("norm_mlp", "vocab", "attention")
+PARTS = ("norm_mlp", "vocab", "attention", "rotate")
 
 
 def switches(parts: tuple[str, ...]):
     """``switch(on)``: ``parts``' kernels on, or PyTorch's operations in their place."""
-    kept = {"rms_norm": fused.rms_norm, "swiglu": fused.swiglu,
+    kept = {"rms_norm": fused.rms_norm, "swiglu": fused.swiglu, "rotate": fused.rotate,
             "fuses_attention": fused.fuses_attention, "vocab": vocab.fused}
     off = {"rms_norm": fused.torch_rms_norm, "swiglu": fused.torch_swiglu,
-           "fuses_attention": lambda *args: False,
+           "rotate": fused.torch_rotate, "fuses_attention": lambda *args: False,
            "vocab": types.SimpleNamespace(native=lambda *tensors: None)}
     names = {"norm_mlp": ("rms_norm", "swiglu"), "attention": ("fuses_attention",),
-             "vocab": ("vocab",)}
+             "vocab": ("vocab",), "rotate": ("rotate",)}
 
     def switch(on: bool) -> None:
         for part in parts:

@@ -11,7 +11,7 @@ from tests.bench_scripts import load_bench_script
 
 
 @pytest.mark.skipif(native.native_kernels() is None, reason="no native kernels")
-@pytest.mark.parametrize("part", ["norm_mlp", "vocab", "attention"])
+@pytest.mark.parametrize("part", ["norm_mlp", "vocab", "attention", "rotate"])
 def test_each_part_switches_off_and_on(part):
     bench = load_bench_script("fused_kernels_ab")
     switch = bench.switches((part,))
@@ -22,7 +22,10 @@ def test_each_part_switches_off_and_on(part):
 
     def kernels_on() -> dict[str, bool]:
         logp, _ = vocab.logprob_and_entropy(logits, targets)
+        angles = torch.ones(2, 1, 4, 8)
         return {"norm_mlp": fused.rms_norm(x, weight, 1e-5).grad_fn.name() == "_RMSNormBackward",
+                "rotate": fused.rotate(query.requires_grad_(), angles, angles).grad_fn.name()
+                == "_RotateBackward",
                 "attention": fused.fuses_attention(query, bias, 5),
                 "vocab": logp.grad_fn.name() == "_LogProbEntropyBackward"
                 and vocab.fused.native(logits) is not None}

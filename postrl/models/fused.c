@@ -208,3 +208,40 @@ void postrl_softmax_backward(const void *weights, const void *grad, void *dscore
         }
     }
 }
+
+/* One head's row, in halves of `dim`: out1 = x1 c1 - x2 s1, out2 = x2 c2 + x1 s2; `inverse`,
+ * the backward (the transposed rotation): out1 = x1 c1 + x2 s2, out2 = x2 c2 - x1 s1. */
+static inline void rotate_row(const char *x, const char *c, const char *s, char *out,
+                              int64_t dim, int inverse, int bf16) {
+    int64_t half = dim / 2;
+    for (int64_t i = 0; i < half; i += 16) {
+        int64_t count = half - i;
+        __m512 x1 = load16(x, i, bf16, count), x2 = load16(x, half + i, bf16, count);
+        __m512 s1 = load16(s, i, bf16, count), s2 = load16(s, half + i, bf16, count);
+        __m512 a = inverse ? _mm512_sub_ps(_mm512_setzero_ps(), s2) : s1;
+        __m512 b = inverse ? _mm512_sub_ps(_mm512_setzero_ps(), s1) : s2;
+        store16(out, i, _mm512_fnmadd_ps(x2, a, _mm512_mul_ps(x1, load16(c, i, bf16, count))),
+                bf16, count);
+        store16(out, half + i,
+                _mm512_fmadd_ps(x1, b, _mm512_mul_ps(x2, load16(c, half + i, bf16, count))),
+                bf16, count);
+    }
+}
+
+/* Rotary embedding of x [rows, heads, width, dim] (element strides row_stride, head_stride,
+ * width_stride; each head's row contiguous) at the angles of cos and sin [rows, width, dim]
+ * (contiguous; the same for every head), into out [rows, heads, width, dim], contiguous;
+ * `inverse`: the backward's rotation. */
+void postrl_rotate(const void *x, int64_t row_stride, int64_t head_stride, int64_t width_stride,
+                   const void *cos, const void *sin, void *out, int64_t rows, int64_t heads,
+                   int64_t width, int64_t dim, int inverse, int bf16, int threads) {
+    int64_t size = element_size(bf16), lines = rows * heads * width;
+#pragma omp parallel for schedule(static) num_threads(threads) if (lines * dim > 65536)
+    for (int64_t line = 0; line < lines; line++) {
+        int64_t r = line / (heads * width), h = line / width % heads, w = line % width;
+        int64_t angle = (r * width + w) * dim * size;
+        rotate_row((const char *)x + (r * row_stride + h * head_stride + w * width_stride) * size,
+                   (const char *)cos + angle, (const char *)sin + angle,
+                   (char *)out + line * dim * size, dim, inverse, bf16);
+    }
+}

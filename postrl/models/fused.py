@@ -47,6 +47,24 @@ def torch_swiglu(gate: Tensor, up: Tensor) -> Tensor:
     return F.silu(gate) * up
 
 
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary position embedding of ``x`` (last dimension: the head's, in two halves) at the
+    angles whose cosines and sines are ``cos``/``sin`` (broadcast against ``x``). One kernel
+    for ``x [B, heads, L, d]`` (each head's row contiguous) and angles ``[B, 1, L, d]``."""
+    rows, _, width, dim = x.shape if x.dim() == 4 else (0, 0, 0, 0)
+    if (x.dim() == 4 and cos.shape == sin.shape == (rows, 1, width, dim) and dim % 2 == 0
+            and x.stride(-1) == 1 and not (cos.requires_grad or sin.requires_grad)
+            and native(x, cos, sin) is not None):
+        return _Rotate.apply(x, cos.contiguous(), sin.contiguous())
+    return torch_rotate(x, cos, sin)
+
+
+def torch_rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:func:`rotate` by PyTorch's operations."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
 def fuses_attention(query: Tensor, bias: Tensor, columns: int) -> bool:
     """Whether :func:`attention_weights` serves the scores of ``query [B, heads, L, d]`` over
     ``columns`` keys with ``bias``."""
@@ -86,6 +104,8 @@ class _Bindings:
                                     size, size, size, real, flag, flag)
         self.softmax_backward = bind("postrl_softmax_backward", pointer, pointer, pointer, size,
                                      size, real, flag, flag)
+        self.rotate = bind("postrl_rotate", pointer, size, size, size, pointer, pointer, pointer,
+                           size, size, size, size, flag, flag, flag)
         self.logprob_forward = bind("postrl_logprob_forward", pointer, size, size, size, pointer,
                                     real, pointer, pointer, pointer, flag, flag)
         self.logprob_backward = bind("postrl_logprob_backward", pointer, size, size, size,
@@ -207,3 +227,27 @@ class _Softmax(torch.autograd.Function):
             weights.numel() // max(weights.shape[-1], 1), weights.shape[-1], ctx.scale,
             int(weights.dtype == torch.bfloat16), torch.get_num_threads())
         return dscores, None, None
+
+
+def _rotation(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool) -> Tensor:
+    rows, heads, width, dim = x.shape
+    out = torch.empty((rows, heads, width, dim), dtype=x.dtype)
+    native(x, cos).rotate(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), cos.data_ptr(),
+                          sin.data_ptr(), out.data_ptr(), rows, heads, width, dim, int(inverse),
+                          int(x.dtype == torch.bfloat16), torch.get_num_threads())
+    return out
+
+
+class _Rotate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _rotation(x, cos, sin, inverse=False)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        cos, sin = ctx.saved_tensors
+        grad = grad.to(cos.dtype)
+        if grad.stride(-1) != 1:
+            grad = grad.contiguous()
+        return _rotation(grad, cos, sin, inverse=True), None, None

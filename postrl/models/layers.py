@@ -280,8 +280,7 @@ def _rms_norm(x: Tensor, norm: nn.Module) -> Tensor:
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary position embedding of ``x`` (last dimension: the head's, in two halves) at the
     angles whose cosines and sines are ``cos``/``sin`` (broadcast against ``x``)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    return fused.rotate(x, cos, sin)
 
 
 def _attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: float) -> Tensor:

@@ -173,3 +173,38 @@ def test_attention_weights_match_pytorch(dtype):
     # bf16: the backward uses the rounded weights where PyTorch keeps float32 ones
     torch.testing.assert_close(d, ed, rtol=1e-5 if dtype == torch.float32 else 2 ** -6,
                                atol=1e-5 if dtype == torch.float32 else 1e-3)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [64, 40])
+@pytest.mark.parametrize("tied", [True, False])
+def test_rotate_matches_pytorch(dtype, dim, tied):
+    """Queries as the layers hand them over (a linear's output viewed as heads: strided), the
+    angles of transformers' rotary module (``tied``: the halves' angles equal) or others."""
+    generator = torch.Generator().manual_seed(dim)
+    rows, heads, width = 3, 5, 7
+    flat = torch.randn(rows, width, heads * dim, generator=generator).to(dtype)
+    angles = torch.rand(rows, 1, width, dim, generator=generator) * 6
+    if tied:
+        angles[..., dim // 2:] = angles[..., : dim // 2]
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    grad = torch.randn(rows, heads, width, dim, generator=generator).to(dtype)
+
+    def heads_of(t):
+        return t.view(rows, width, heads, dim).transpose(1, 2)
+
+    out, (d,) = gradients(lambda t: fused.rotate(heads_of(t), cos, sin),
+                          (flat.requires_grad_(),), grad)
+    through = fused.rotate(heads_of(flat.detach().requires_grad_()), cos, sin)
+    assert through.grad_fn.name() == "_RotateBackward" and d.shape == flat.shape
+    # float32: PyTorch's operations; bf16: the exact rotation of the same (rounded) inputs,
+    # which the kernel rounds once (PyTorch's bf16 operations round each product on the way)
+    exact = torch.float32 if dtype == torch.float32 else torch.float64
+    expected, (ed,) = gradients(
+        lambda t: fused.torch_rotate(heads_of(t), cos.to(exact), sin.to(exact)),
+        (flat.to(exact),), grad.to(exact))
+    tolerance = ({"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32
+                 else {"rtol": 2 ** -8, "atol": 1e-6})
+    torch.testing.assert_close(out.to(exact), expected, **tolerance)
+    torch.testing.assert_close(d.to(exact), ed, **tolerance)
