@@ -1,13 +1,18 @@
-"""The training forward's RMSNorm and SwiGLU as single kernels, forward and backward
-(``fused.c``, built with postrl's other native kernels: ``postrl.rollout.native``).
+"""The training forward's element-wise work as single kernels, forward and backward
+(``fused.c`` and ``vocab.c``, built with postrl's other native kernels:
+``postrl.rollout.native``): RMSNorm, ``SiLU(gate) * up``, the rotary embedding, the
+attention's scaled and biased softmax, and the bindings of the vocabulary's log-probability
+and entropy (used by ``postrl.models.vocab``).
 
 PyTorch runs transformers' RMSNorm as about eight operations forward and a dozen backward, and
 ``SiLU(gate) * up`` as two forward and four backward, each a pass over the micro-batch (in bf16
-with a conversion on either side). Here each is one pass per row, forward and backward, with the
-same roundings in the forward (docs/performance.md). They serve float32 and bf16 CPU tensors;
+with a conversion on either side). Here each is one pass per row, forward and backward, with
+the forward's roundings (the backward computes in float32 and rounds once, where PyTorch's
+bf16 autograd rounds its intermediate products too). They serve float32 and bf16 CPU tensors;
 anything else (another device or dtype, a tensor subclass such as FSDP's DTensor, a
-``torch.compile`` trace, a CPU without the native kernels) takes PyTorch's operations, which
-compute the same maths.
+``torch.compile`` trace, a CPU without the native kernels) takes PyTorch's operations
+(``torch_*``), which compute the same maths. What each bought: docs/performance.md
+(``bench/fused_kernels_ab.py``).
 """
 
 from __future__ import annotations
