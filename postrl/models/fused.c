@@ -246,3 +246,18 @@ void postrl_rotate(const void *x, int64_t row_stride, int64_t head_stride, int64
                    (char *)out + line * dim * size, dim, inverse, bf16);
     }
 }
+
+/* into[i] += grad[i], float32 += bf16, `count` values: a bf16 gradient added into its float32
+ * master gradient in one pass (PyTorch's mixed-dtype add_ casts into a temporary first). */
+void postrl_add_bf16(float *into, const void *grad, int64_t count, int threads) {
+    int64_t blocks = (count + 4095) / 4096;
+#pragma omp parallel for schedule(static) num_threads(threads) if (count > 65536)
+    for (int64_t block = 0; block < blocks; block++) {
+        int64_t end = (block + 1) * 4096 < count ? (block + 1) * 4096 : count;
+        for (int64_t i = block * 4096; i < end; i += 16) {
+            __mmask16 m = lanes(end - i);
+            _mm512_mask_storeu_ps(into + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, into + i),
+                                                             load16(grad, i, 1, end - i)));
+        }
+    }
+}

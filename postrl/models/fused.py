@@ -70,6 +70,18 @@ def torch_rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def add_into(into: Tensor, grad: Tensor) -> None:
+    """``into += grad`` in place: a bf16 gradient into its float32 master gradient in one pass
+    where the kernels serve them (both contiguous CPU tensors of as many values)."""
+    if (into.dtype == torch.float32 and grad.dtype == torch.bfloat16
+            and into.numel() == grad.numel() and into.is_contiguous() and grad.is_contiguous()
+            and native(grad) is not None and native(into) is not None):
+        native(grad).add_bf16(into.data_ptr(), grad.data_ptr(), into.numel(),
+                              torch.get_num_threads())
+    else:
+        into.add_(grad)
+
+
 def fuses_attention(query: Tensor, bias: Tensor, columns: int) -> bool:
     """Whether :func:`attention_weights` serves the scores of ``query [B, heads, L, d]`` over
     ``columns`` keys with ``bias``."""
@@ -111,6 +123,7 @@ class _Bindings:
                                      size, real, flag, flag)
         self.rotate = bind("postrl_rotate", pointer, size, size, size, pointer, pointer, pointer,
                            size, size, size, size, flag, flag, flag)
+        self.add_bf16 = bind("postrl_add_bf16", pointer, pointer, size, flag)
         self.logprob_forward = bind("postrl_logprob_forward", pointer, size, size, size, pointer,
                                     real, pointer, pointer, pointer, flag, flag)
         self.logprob_backward = bind("postrl_logprob_backward", pointer, size, size, size,

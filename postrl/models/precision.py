@@ -21,6 +21,8 @@ import copy
 import torch
 from torch import nn
 
+from postrl.models import fused
+
 PRECISIONS = ("fp32", "bf16", "bf16-master")
 
 
@@ -72,7 +74,7 @@ class MasterWeights:
             if master.grad is None:
                 master.grad = working.grad.to(torch.float32)
             else:
-                master.grad.add_(working.grad)
+                fused.add_into(master.grad, working.grad)
             working.grad = None
         return hook
 

@@ -208,3 +208,19 @@ def test_rotate_matches_pytorch(dtype, dim, tied):
                  else {"rtol": 2 ** -8, "atol": 1e-6})
     torch.testing.assert_close(out.to(exact), expected, **tolerance)
     torch.testing.assert_close(d.to(exact), ed, **tolerance)
+
+
+@pytest.mark.parametrize("count", [1_000_003, 17])
+def test_add_into_adds_a_bf16_gradient_into_float32_exactly(count):
+    """What PyTorch's mixed-dtype add_ gives, to the bit (the bf16 value widens exactly), by
+    the kernel where it serves and by add_ elsewhere (a strided master gradient)."""
+    generator = torch.Generator().manual_seed(count)
+    into = torch.randn(count, generator=generator)
+    grad = torch.randn(count, generator=generator).to(torch.bfloat16)
+    expected = into + grad.float()
+    fused.add_into(into, grad)
+    assert torch.equal(into, expected)
+    strided = torch.randn(2 * count, generator=generator)[::2]
+    expected = strided + grad.float()
+    fused.add_into(strided, grad)
+    assert torch.equal(strided, expected)
