@@ -56,12 +56,19 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary position embedding of ``x`` (last dimension: the head's, in two halves) at the
     angles whose cosines and sines are ``cos``/``sin`` (broadcast against ``x``). One kernel
     for ``x [B, heads, L, d]`` (each head's row contiguous) and angles ``[B, 1, L, d]``."""
-    rows, _, width, dim = x.shape if x.dim() == 4 else (0, 0, 0, 0)
-    if (x.dim() == 4 and cos.shape == sin.shape == (rows, 1, width, dim) and dim % 2 == 0
-            and x.stride(-1) == 1 and not (cos.requires_grad or sin.requires_grad)
-            and native(x, cos, sin) is not None):
+    if _rotates(x, cos, sin):
         return _Rotate.apply(x, cos.contiguous(), sin.contiguous())
     return torch_rotate(x, cos, sin)
+
+
+def _rotates(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
+    """Whether the kernel serves :func:`rotate`'s arguments (angles without a gradient)."""
+    if x.dim() != 4:
+        return False
+    rows, _, width, dim = x.shape
+    return (cos.shape == sin.shape == (rows, 1, width, dim) and dim % 2 == 0
+            and x.stride(-1) == 1 and not (cos.requires_grad or sin.requires_grad)
+            and native(x, cos, sin) is not None)
 
 
 def torch_rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -93,13 +100,13 @@ def fuses_attention(query: Tensor, bias: Tensor, columns: int) -> bool:
 
 def attention_weights(scores: Tensor, bias: Tensor, scale: float) -> Tensor:
     """``softmax(scale * scores + bias)`` over the last dimension, in float32, rounded to
-    ``scores``' dtype: ``scores [B, heads, L, C]`` (contiguous), ``bias [B, 1, L, C]``
-    (additive, the same for every head), where :func:`fuses_attention` says so."""
-    return _Softmax.apply(scores, bias.contiguous(), scale)
+    ``scores``' dtype: ``scores [B, heads, L, C]``, ``bias [B, 1, L, C]`` (additive, the same
+    for every head), where :func:`fuses_attention` says so."""
+    return _Softmax.apply(scores.contiguous(), bias.contiguous(), scale)
 
 
 class _Bindings:
-    """``fused.c``'s functions in the loaded native library."""
+    """``fused.c``'s and ``vocab.c``'s functions in the loaded native library."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         pointer, size, real, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int

@@ -1,5 +1,5 @@
 """postrl's own kernels, in C, compiled on first use: float32 ones for the lean sampler, and
-the training forward's fused RMSNorm, SwiGLU and vocabulary log-softmax in float32 or bf16.
+the training forward's element-wise work in float32 or bf16.
 
 - ``gemm.c``, the linear layers: at a decode step's 1 to 32 rows oneDNN's packed float32
   linear leaves about a fifth of its time on the table; measured on an AVX-512 CPU (2 cores,
@@ -15,9 +15,11 @@ the training forward's fused RMSNorm, SwiGLU and vocabulary log-softmax in float
 - ``sample.c``, the sampling step (temperature, no truncation): a token per row drawn from its
   uniform by inversion, its log-probability and the entropy, three reading passes per row
   instead of PyTorch's softmax, float64 cumulative sum and search.
-- ``postrl/models/fused.c``, the training forward's RMSNorm and SiLU(gate) · up, forward and
-  backward, one pass per row each; ``postrl/models/vocab.c``, the log-probability and entropy
-  over the vocabulary, forward and backward (``postrl.models.fused`` binds them).
+- ``postrl/models/fused.c``, the training forward's RMSNorm, SiLU(gate) · up, rotary
+  embedding and attention softmax, forward and backward, one pass per row each, and the
+  bf16 gradients' accumulation into float32 masters; ``postrl/models/vocab.c``, the
+  log-probability and entropy over the vocabulary, forward and backward
+  (``postrl.models.fused`` binds them).
 
 (docs/performance.md, "postrl's own float32 kernels".) The C sources ship with the package
 and are compiled once per source, compiler and CPU with the system's C compiler (``$CC``,
