@@ -18,6 +18,7 @@ anything else (another device or dtype, a tensor subclass such as FSDP's DTensor
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -80,13 +81,13 @@ def torch_rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def add_into(into: Tensor, grad: Tensor) -> None:
     """``into += grad`` in place: a bf16 gradient into its float32 master gradient in one pass
     where the kernels serve them (both contiguous CPU tensors of as many values)."""
-    if (into.dtype == torch.float32 and grad.dtype == torch.bfloat16
-            and into.numel() == grad.numel() and into.is_contiguous() and grad.is_contiguous()
-            and native(grad) is not None and native(into) is not None):
-        native(grad).add_bf16(into.data_ptr(), grad.data_ptr(), into.numel(),
-                              torch.get_num_threads())
-    else:
+    bindings = (native(grad) if into.dtype == torch.float32 and grad.dtype == torch.bfloat16
+                and into.numel() == grad.numel() and into.is_contiguous()
+                and grad.is_contiguous() and native(into) is not None else None)
+    if bindings is None:
         into.add_(grad)
+    else:
+        bindings.add_bf16(into.data_ptr(), grad.data_ptr(), into.numel(), torch.get_num_threads())
 
 
 def fuses_attention(query: Tensor, bias: Tensor, columns: int) -> bool:
@@ -109,36 +110,34 @@ class _Bindings:
     """``fused.c``'s and ``vocab.c``'s functions in the loaded native library."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        from postrl.rollout.native import bind  # not at the top: see native()
+
         pointer, size, real, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-
-        def bind(name: str, *argtypes):
-            function = getattr(library, name)
-            function.argtypes, function.restype = list(argtypes), None
-            return function
-
-        self.norm_forward = bind("postrl_norm_forward", pointer, pointer, pointer, pointer, size,
-                                 size, real, flag, flag)
-        self.norm_backward = bind("postrl_norm_backward", pointer, pointer, pointer, pointer,
-                                  pointer, pointer, size, size, flag, flag)
-        self.swiglu_forward = bind("postrl_swiglu_forward", pointer, size, pointer, size, pointer,
-                                   size, size, flag, flag)
-        self.swiglu_backward = bind("postrl_swiglu_backward", pointer, pointer, size, pointer,
-                                    size, pointer, pointer, size, size, flag, flag)
-        self.softmax_forward = bind("postrl_softmax_forward", pointer, pointer, pointer, size,
-                                    size, size, size, real, flag, flag)
-        self.softmax_backward = bind("postrl_softmax_backward", pointer, pointer, pointer, size,
-                                     size, real, flag, flag)
-        self.rotate = bind("postrl_rotate", pointer, size, size, size, pointer, pointer, pointer,
-                           size, size, size, size, flag, flag, flag)
-        self.add_bf16 = bind("postrl_add_bf16", pointer, pointer, size, flag)
-        self.logprob_forward = bind("postrl_logprob_forward", pointer, size, size, size, pointer,
-                                    real, pointer, pointer, pointer, flag, flag)
-        self.logprob_backward = bind("postrl_logprob_backward", pointer, size, size, size,
-                                     pointer, real, pointer, pointer, pointer, pointer, pointer,
-                                     flag, flag)
+        self.norm_forward = bind(library, "postrl_norm_forward", pointer, pointer, pointer,
+                                 pointer, size, size, real, flag, flag)
+        self.norm_backward = bind(library, "postrl_norm_backward", pointer, pointer, pointer,
+                                  pointer, pointer, pointer, size, size, flag, flag)
+        self.swiglu_forward = bind(library, "postrl_swiglu_forward", pointer, size, pointer,
+                                   size, pointer, size, size, flag, flag)
+        self.swiglu_backward = bind(library, "postrl_swiglu_backward", pointer, pointer, size,
+                                    pointer, size, pointer, pointer, size, size, flag, flag)
+        self.softmax_forward = bind(library, "postrl_softmax_forward", pointer, pointer,
+                                    pointer, size, size, size, size, real, flag, flag)
+        self.softmax_backward = bind(library, "postrl_softmax_backward", pointer, pointer,
+                                     pointer, size, size, real, flag, flag)
+        self.rotate = bind(library, "postrl_rotate", pointer, size, size, size, pointer, pointer,
+                           pointer, size, size, size, size, flag, flag, flag)
+        self.add_bf16 = bind(library, "postrl_add_bf16", pointer, pointer, size, flag)
+        self.logprob_forward = bind(library, "postrl_logprob_forward", pointer, size, size,
+                                    size, pointer, real, pointer, pointer, pointer, flag, flag)
+        self.logprob_backward = bind(library, "postrl_logprob_backward", pointer, size, size,
+                                     size, pointer, real, pointer, pointer, pointer, pointer,
+                                     pointer, flag, flag)
 
 
-_bindings: dict[int, _Bindings] = {}
+@functools.cache
+def _bindings(library: ctypes.CDLL) -> _Bindings:
+    return _Bindings(library)
 
 
 def native(*tensors: Tensor) -> _Bindings | None:
@@ -152,12 +151,7 @@ def native(*tensors: Tensor) -> _Bindings | None:
     from postrl.rollout.native import native_kernels  # not at the top: postrl.rollout imports
 
     kernels = native_kernels()  # this package (a cycle)
-    if kernels is None:
-        return None
-    key = id(kernels.library)
-    if key not in _bindings:
-        _bindings[key] = _Bindings(kernels.library)
-    return _bindings[key]
+    return None if kernels is None else _bindings(kernels.library)
 
 
 def _rows(t: Tensor) -> Tensor:
@@ -185,13 +179,13 @@ class _RMSNorm(torch.autograd.Function):
                               scale.data_ptr(), rows.shape[0], rows.shape[1], eps,
                               int(x.dtype == torch.bfloat16), torch.get_num_threads())
         ctx.save_for_backward(rows, weight_c, scale)
-        ctx.shape = x.shape
+        ctx.shape, ctx.bindings = x.shape, bindings
         return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         rows, weight, scale = ctx.saved_tensors
-        bindings, threads = native(rows, weight), torch.get_num_threads()
+        bindings, threads = ctx.bindings, torch.get_num_threads()
         grad = _rows(grad.to(rows.dtype))
         dx = torch.empty_like(rows)
         partial = (torch.zeros(threads, rows.shape[1], dtype=torch.float32)
@@ -214,13 +208,13 @@ class _SwiGLU(torch.autograd.Function):
                                 h.data_ptr(), h.shape[0], h.shape[1],
                                 int(gate.dtype == torch.bfloat16), torch.get_num_threads())
         ctx.save_for_backward(gate_rows, up_rows)
-        ctx.strides, ctx.shape = (gate_stride, up_stride), gate.shape
+        ctx.strides, ctx.shape, ctx.bindings = (gate_stride, up_stride), gate.shape, bindings
         return h.view(gate.shape)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         gate, up = ctx.saved_tensors
-        bindings, (gate_stride, up_stride) = native(gate, up), ctx.strides
+        bindings, (gate_stride, up_stride) = ctx.bindings, ctx.strides
         grad = _rows(grad.to(gate.dtype))
         dgate, dup = torch.empty_like(grad), torch.empty_like(grad)
         bindings.swiglu_backward(grad.data_ptr(), gate.data_ptr(), gate_stride, up.data_ptr(),
@@ -235,7 +229,8 @@ class _Softmax(torch.autograd.Function):
     def forward(ctx, scores: Tensor, bias: Tensor, scale: float) -> Tensor:
         rows, heads, width, columns = scores.shape
         out = torch.empty_like(scores)
-        native(scores, bias).softmax_forward(
+        ctx.bindings = native(scores, bias)
+        ctx.bindings.softmax_forward(
             scores.data_ptr(), bias.data_ptr(), out.data_ptr(), rows, heads, width, columns,
             scale, int(scores.dtype == torch.bfloat16), torch.get_num_threads())
         ctx.save_for_backward(out)
@@ -247,19 +242,20 @@ class _Softmax(torch.autograd.Function):
         (weights,) = ctx.saved_tensors
         grad = grad.to(weights.dtype).contiguous()
         dscores = torch.empty_like(weights)
-        native(weights).softmax_backward(
+        ctx.bindings.softmax_backward(
             weights.data_ptr(), grad.data_ptr(), dscores.data_ptr(),
             weights.numel() // max(weights.shape[-1], 1), weights.shape[-1], ctx.scale,
             int(weights.dtype == torch.bfloat16), torch.get_num_threads())
         return dscores, None, None
 
 
-def _rotation(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool) -> Tensor:
+def _rotation(bindings: _Bindings, x: Tensor, cos: Tensor, sin: Tensor,
+              inverse: bool) -> Tensor:
     rows, heads, width, dim = x.shape
     out = torch.empty((rows, heads, width, dim), dtype=x.dtype)
-    native(x, cos).rotate(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), cos.data_ptr(),
-                          sin.data_ptr(), out.data_ptr(), rows, heads, width, dim, int(inverse),
-                          int(x.dtype == torch.bfloat16), torch.get_num_threads())
+    bindings.rotate(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), cos.data_ptr(),
+                    sin.data_ptr(), out.data_ptr(), rows, heads, width, dim, int(inverse),
+                    int(x.dtype == torch.bfloat16), torch.get_num_threads())
     return out
 
 
@@ -267,7 +263,8 @@ class _Rotate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         ctx.save_for_backward(cos, sin)
-        return _rotation(x, cos, sin, inverse=False)
+        ctx.bindings = native(x, cos)
+        return _rotation(ctx.bindings, x, cos, sin, inverse=False)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -275,4 +272,4 @@ class _Rotate(torch.autograd.Function):
         grad = grad.to(cos.dtype)
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
-        return _rotation(grad, cos, sin, inverse=True), None, None
+        return _rotation(ctx.bindings, grad, cos, sin, inverse=True), None, None

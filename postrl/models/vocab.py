@@ -43,9 +43,10 @@ class _LogProbEntropy(torch.autograd.Function):
                 with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         ctx.temperature, ctx.dtype = temperature, logits.dtype
         ctx.entropy_grad = entropy_grad
-        ctx.native = (fused.native(logits) is not None and logits.dim() == 2
-                      and targets.dtype == torch.int64)
-        if ctx.native:
+        # the native kernels' bindings, which the backward then uses too (None: PyTorch's path)
+        ctx.native = (fused.native(logits) if logits.dim() == 2 and targets.dtype == torch.int64
+                      else None)
+        if ctx.native is not None:
             return _native_forward(ctx, logits, targets, with_entropy)
         z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
         if temperature != 1.0:
@@ -66,7 +67,7 @@ class _LogProbEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
-        if ctx.native:
+        if ctx.native is not None:
             return _native_backward(ctx, grad_logp, grad_entropy), None, None, None, None
         probs, targets = ctx.saved_tensors[:2]
         grad = probs * grad_logp.neg().unsqueeze(-1)
@@ -95,7 +96,7 @@ def _native_forward(ctx, logits: Tensor, targets: Tensor, with_entropy: bool
     count = rows.shape[0]
     logp, lse = torch.empty(count), torch.empty(count)
     entropy = torch.empty(count) if with_entropy else None
-    fused.native(rows).logprob_forward(
+    ctx.native.logprob_forward(
         rows.data_ptr(), count, rows.shape[1], rows.stride(0) if count > 1 else rows.shape[1],
         targets.data_ptr(), 1.0 / ctx.temperature, logp.data_ptr(), lse.data_ptr(),
         0 if entropy is None else entropy.data_ptr(), int(rows.dtype == torch.bfloat16),
@@ -114,7 +115,7 @@ def _native_backward(ctx, grad_logp: Tensor, grad_entropy: Tensor | None) -> Ten
     use_entropy = ctx.entropy_grad and grad_entropy is not None
     grad_entropy = grad_entropy.float().contiguous() if use_entropy else None
     grad = torch.empty((count, vocab), dtype=rows.dtype)
-    fused.native(rows).logprob_backward(
+    ctx.native.logprob_backward(
         rows.data_ptr(), count, vocab, rows.stride(0) if count > 1 else vocab,
         targets.data_ptr(), 1.0 / ctx.temperature, lse.data_ptr(),
         entropy.data_ptr() if use_entropy else 0, grad_logp.data_ptr(),

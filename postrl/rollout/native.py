@@ -61,7 +61,8 @@ class NativeUnavailable(RuntimeError):
     """Why the native kernels cannot be used here."""
 
 
-def _function(library: ctypes.CDLL, name: str, *argtypes):
+def bind(library: ctypes.CDLL, name: str, *argtypes):
+    """``library``'s C function ``name`` taking ``argtypes``, returning nothing."""
     function = getattr(library, name)
     function.argtypes, function.restype = list(argtypes), None
     return function
@@ -76,28 +77,28 @@ class NativeKernels:
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library  # postrl.models.fused binds the training kernels' functions
         pointer, size, real, count = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-        self._pack = _function(library, "postrl_pack", pointer, pointer, size, size)
-        self._linear = _function(library, "postrl_linear", pointer, size, size, pointer,
-                                 pointer, size, pointer, count)
-        self._rms_norm = _function(library, "postrl_rms_norm", pointer, pointer, pointer, size,
-                                   size, real, count)
-        self._add_rms_norm = _function(library, "postrl_add_rms_norm", pointer, pointer, pointer,
-                                       pointer, size, size, real, count)
-        self._silu_mul = _function(library, "postrl_silu_mul", pointer, pointer, size, size, count)
-        self._rotate_store = _function(library, "postrl_rotate_store", pointer, size, pointer,
-                                       pointer, pointer, pointer, pointer, size, size, size, size,
-                                       size, size, count)
-        self._decode_layers = _function(library, "postrl_decode_layers", size, pointer,
-                                        pointer, pointer, pointer, pointer, pointer, pointer,
-                                        pointer, real, pointer, pointer, size, size, size, size,
-                                        size, pointer, size, real, pointer, pointer, count)
+        self._pack = bind(library, "postrl_pack", pointer, pointer, size, size)
+        self._linear = bind(library, "postrl_linear", pointer, size, size, pointer,
+                            pointer, size, pointer, count)
+        self._rms_norm = bind(library, "postrl_rms_norm", pointer, pointer, pointer, size,
+                              size, real, count)
+        self._add_rms_norm = bind(library, "postrl_add_rms_norm", pointer, pointer, pointer,
+                                  pointer, size, size, real, count)
+        self._silu_mul = bind(library, "postrl_silu_mul", pointer, pointer, size, size, count)
+        self._rotate_store = bind(library, "postrl_rotate_store", pointer, size, pointer,
+                                  pointer, pointer, pointer, pointer, size, size, size, size,
+                                  size, size, count)
+        self._decode_layers = bind(library, "postrl_decode_layers", size, pointer,
+                                   pointer, pointer, pointer, pointer, pointer, pointer,
+                                   pointer, real, pointer, pointer, size, size, size, size,
+                                   size, pointer, size, real, pointer, pointer, count)
         self._decode_scratch = library.postrl_decode_scratch
         self._decode_scratch.argtypes, self._decode_scratch.restype = [pointer], size
-        self._sample = _function(library, "postrl_sample", pointer, size, size, size, real,
-                                 pointer, pointer, pointer, pointer, count)
-        self._attend_rows = _function(library, "postrl_attend_rows", pointer, size, pointer,
-                                      pointer, size, size, pointer, size, pointer, size, size,
-                                      size, size, size, real, count)
+        self._sample = bind(library, "postrl_sample", pointer, size, size, size, real,
+                            pointer, pointer, pointer, pointer, count)
+        self._attend_rows = bind(library, "postrl_attend_rows", pointer, size, pointer,
+                                 pointer, size, size, pointer, size, pointer, size, size,
+                                 size, size, size, real, count)
 
     def pack(self, weights: list[Tensor]) -> Tensor:
         """The row-concatenation of ``weights`` (each ``[out, in]``) as float32 panels of 32
