@@ -21,7 +21,6 @@ import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -238,42 +237,54 @@ class _Transformers:
 
 def lm_head_chunks(model) -> Callable[..., Tensor]:
     """The LM head for one chunk of tokens at a time, each chunk's weight gradient added in
-    place into the weight's ``.grad`` as soon as it is computed (a second argument, when
-    given, is the chunk's logits already known: the sampler's record).
+    place into the weight's ``.grad`` by the matmul that computes it (a second argument,
+    when given, is the chunk's logits already known: the sampler's record).
 
     Through autograd, the chunks' weight gradients (one vocabulary-sized tensor each, 113 MB
     for SmolLM2 in float32) are summed out of place, and so is their sum with the input
     embedding's gradient when the weights are tied: a new vocabulary-sized tensor at every
-    addition. Here each chunk multiplies by its own alias of the weight (a leaf sharing its
-    storage), whose gradient is moved or added into the weight's ``.grad`` by a hook and then
-    dropped. Only for a trained LM head tied to the input embedding: the embedding lookup
-    then still reaches the weight's own gradient accumulator after every chunk (the lookup
-    comes first in the forward, last in the backward), so hooks on the weight, such as
-    ``bf16-master``'s, still see the whole gradient. Not under data-parallel wrappers, which
-    watch the weight's own accumulator. Anything else gets the plain head.
+    addition. Here the first chunk of a backward (in backward order) writes the weight's
+    ``.grad`` and each later one accumulates into it (``addmm_``: no vocabulary-sized
+    temporary, and one rounding per chunk, not two). Only for a trained LM head tied to the
+    input embedding: the embedding lookup then still reaches the weight's own gradient
+    accumulator after every chunk (the lookup comes first in the forward, last in the
+    backward), so hooks on the weight, such as ``bf16-master``'s, still see the whole
+    gradient. Not under data-parallel wrappers, which watch the weight's own accumulator.
+    Anything else gets the plain head.
     """
     head = model.lm_head
     if not (_trained_tied_embedding(model) and type(head) is nn.Linear and head.bias is None
             and torch.is_grad_enabled()):
         return head
-    weight = head.weight
 
     def chunk_logits(hidden: Tensor, output: Tensor | None = None) -> Tensor:
-        alias = weight.detach().requires_grad_()
-        alias.register_post_accumulate_grad_hook(partial(_add_grad_into, weight))
-        if output is None:
-            return F.linear(hidden, alias)
-        return recorded_linear(hidden, alias, output)
+        return _HeadChunk.apply(hidden, output, head)
 
     return chunk_logits
 
 
-def _add_grad_into(weight: Tensor, alias: Tensor) -> None:
-    if weight.grad is None:
-        weight.grad = alias.grad
-    else:
-        weight.grad.add_(alias.grad)
-    alias.grad = None
+class _HeadChunk(torch.autograd.Function):
+    """``hidden W^T`` for the head ``head`` (or its value ``output``, already known); the
+    backward adds ``dy^T hidden`` into ``W.grad`` itself and returns only ``dy W``."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, output: Tensor | None, head: nn.Linear) -> Tensor:
+        weight = head.weight.detach()  # shares the version counter: in-place edits are caught
+        ctx.save_for_backward(hidden, weight)
+        ctx.head = head
+        return F.linear(hidden, weight) if output is None else output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        hidden, weight = ctx.saved_tensors
+        parameter = ctx.head.weight
+        flat = grad.reshape(-1, grad.shape[-1]).t()
+        inputs = hidden.reshape(-1, hidden.shape[-1])
+        if parameter.grad is None:
+            parameter.grad = flat @ inputs
+        else:
+            parameter.grad.addmm_(flat, inputs)
+        return grad @ weight, None, None
 
 
 def cache_keyword(module) -> str:

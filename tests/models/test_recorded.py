@@ -7,6 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import postrl.models.layers as layers
+import postrl.models.logprobs as logprobs_module
 import postrl.models.recorded as recorded_module
 from postrl.models.logprobs import SequenceBatch, response_logprobs, usable_record
 from postrl.models.precision import bf16_copy
@@ -60,10 +61,16 @@ def logp_and_grads(model, batch, head_grad_in_place):
 
 
 def count_reads(monkeypatch):
+    """A list that gets an entry for every linear that reads the record: through
+    ``recorded_linear``, or the in-place head's chunks given their logits."""
     reads = []
     original = recorded_module._Recorded.apply
     monkeypatch.setattr(recorded_module._Recorded, "apply",
                         lambda *args: reads.append(1) or original(*args))
+    head = logprobs_module._HeadChunk.apply
+    monkeypatch.setattr(logprobs_module._HeadChunk, "apply",
+                        lambda hidden, output, *args: (output is not None and reads.append(1))
+                        or head(hidden, output, *args))
     return reads
 
 
