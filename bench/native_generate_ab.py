@@ -1,13 +1,16 @@
 """A piece of the sampler by postrl's native kernels against without it, alternated in one
 process, over whole ``generate`` calls.
 
-    python bench/native_generate_ab.py --part draw|layers [--reps 8]
+    python bench/native_generate_ab.py --part draw|layers|between [--reps 8]
                                        [--precision fp32|bf16-master]
 
 ``draw``: the draw from the logits (softmax, cumulative sum and search over the vocabulary)
 by ``postrl/rollout/sample.c`` against PyTorch's. ``layers``: a float32 decode step's layers
 in one call (``postrl/rollout/step.c``) against the Python loop over the same kernels
-(float32 only). ``bench/vs_trl.py``'s first prompts (SmolLM2, 4 prompts x 8, 64 new tokens):
+(float32 only). ``between``: a bf16 sampler's work between its linears (RMSNorm, the
+residual adds, SiLU · up, the rotation with the cache's new column, attention) by
+``postrl/rollout/decode.c`` against PyTorch's operations (bf16-master only; the linears are
+oneDNN's either way). ``bench/vs_trl.py``'s first prompts (SmolLM2, 4 prompts x 8, 64 new tokens):
 ``generate`` ``reps`` times each way (ABBA order) with the same seed, recording as the
 trainer does, so both ways draw the same tokens; medians over the calls but the first two,
 and whether the two ways drew the same tokens (they may not where a uniform falls within
@@ -21,6 +24,8 @@ import dataclasses
 import statistics
 import time
 
+import torch
+
 from postrl.rollout import lean, sampling
 
 
@@ -32,6 +37,12 @@ def switches(part: str):
         def draw(on: bool) -> None:
             sampling.native_kernels = kernels if on else (lambda: None)
         return draw
+    if part == "between":
+        dtypes = lean.NATIVE_DTYPES
+
+        def between(on: bool) -> None:
+            lean.NATIVE_DTYPES = dtypes if on else (torch.float32,)
+        return between
     weights_of = lean.LeanWeights.of
 
     def layers(on: bool) -> None:
@@ -48,7 +59,7 @@ def main() -> None:
     from postrl.train.trainer import Trainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", required=True, choices=("draw", "layers"))
+    parser.add_argument("--part", required=True, choices=("draw", "layers", "between"))
     parser.add_argument("--reps", type=int, default=8, help="calls each way")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))
     args = parser.parse_args()
@@ -56,6 +67,8 @@ def main() -> None:
         raise SystemExit("the native kernels are not available here")
     if args.part == "layers" and args.precision != "fp32":
         raise SystemExit("--part layers: the native decode layers run in float32 only")
+    if args.part == "between" and args.precision != "bf16-master":
+        raise SystemExit("--part between: float32 runs them either way; use bf16-master")
     trainer = Trainer(postrl_config(1, seed=0, precision=args.precision))
     engine = trainer.engine
     prompts = first_prompt_ids(trainer)

@@ -1,5 +1,6 @@
-/* postrl's float32 decode-step kernels for the lean sampler, AVX-512: everything a decoder
- * layer does between its linears.
+/* postrl's decode-step kernels for the lean sampler, AVX-512, float32 or bf16 (`bf16`: every
+ * tensor of a call in bf16, the arithmetic in float32): everything a decoder layer does
+ * between its linears.
  *
  * Between its linears, a decode step runs small operations on a few rows: PyTorch spends more
  * on dispatching them than on their arithmetic (at 32 rows, SmolLM2's 30 layers of attention
@@ -8,119 +9,141 @@
  * into the KV cache's column; the residual add with the RMSNorm after it, in one pass per
  * row; SiLU(gate) * up; the attention of each row's queries over its own cached columns, the
  * G query heads of a group reading their shared key/value head, with the softmax in float32
- * as PyTorch's kernels compute it.
+ * as PyTorch's kernels compute it. In bf16 each result is rounded where PyTorch's bf16
+ * operations round it: the residual sum, the norm after its weight, SiLU and its product, the
+ * rotated heads, the attention's output.
  */
 #include <math.h>
 
 #include "simd.h"
 
-/* Sum of a[i] * b[i], i < n. */
-static inline float dot(const float *a, const float *b, int64_t n) {
+/* Sum of a[i] * b[i], i < n (float32, or bf16 when `bf16`). */
+static inline float dot(const void *a, const void *b, int64_t n, int bf16) {
     __m512 sum = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = lanes(n - i);
-        sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
-                              sum);
-    }
+    for (int64_t i = 0; i < n; i += 16)
+        sum = _mm512_fmadd_ps(load16(a, i, bf16, n - i), load16(b, i, bf16, n - i), sum);
     return _mm512_reduce_add_ps(sum);
 }
 
 /* out = x / sqrt(mean(x^2) + eps) * weight, one row of `width`. */
-static inline void norm_row(const float *x, const float *weight, float *out, int64_t width,
-                            float eps) {
-    __m512 s = _mm512_set1_ps(1.0f / sqrtf(dot(x, x, width) / (float)width + eps));
+static inline void norm_row(const void *x, const void *weight, void *out, int64_t width,
+                            float eps, int bf16) {
+    __m512 s = _mm512_set1_ps(1.0f / sqrtf(dot(x, x, width, bf16) / (float)width + eps));
     for (int64_t i = 0; i < width; i += 16) {
-        __mmask16 m = lanes(width - i);
-        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), s);
-        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, weight + i)));
+        __m512 v = _mm512_mul_ps(load16(x, i, bf16, width - i), s);
+        store16(out, i, _mm512_mul_ps(v, load16(weight, i, bf16, width - i)), bf16, width - i);
     }
 }
 
+/* The entry points' bf16 flag as a constant where each inline row function is called, so
+ * that the compiler builds one copy per dtype without a test in its inner loops. */
+#define BY_DTYPE(bf16, call) do { if (bf16) { const int dtype_bf16 = 1; call; } \
+                                  else { const int dtype_bf16 = 0; call; } } while (0)
+
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, rows of `width` (contiguous). */
-void postrl_rms_norm(const float *x, const float *weight, float *y, int64_t rows,
-                     int64_t width, float eps, int threads) {
+void postrl_rms_norm(const void *x, const void *weight, void *y, int64_t rows, int64_t width,
+                     float eps, int bf16, int threads) {
+    int64_t row = width * element_size(bf16);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * width > 65536)
-    for (int64_t r = 0; r < rows; r++) norm_row(x + r * width, weight, y + r * width, width, eps);
+    for (int64_t r = 0; r < rows; r++)
+        BY_DTYPE(bf16, norm_row((const char *)x + r * row, weight, (char *)y + r * row, width,
+                                eps, dtype_bf16));
+}
+
+/* hidden[r] += delta[r], rounded to the stream's dtype. */
+static inline void add_row(void *hidden, const void *delta, int64_t width, int bf16) {
+    for (int64_t i = 0; i < width; i += 16)
+        store16(hidden, i, _mm512_add_ps(load16(hidden, i, bf16, width - i),
+                                         load16(delta, i, bf16, width - i)), bf16, width - i);
 }
 
 /* The residual stream and the norm after it: hidden[r] += delta[r] (in place), then
  * y[r] = RMSNorm(hidden[r]) * weight; rows of `width`, contiguous. */
-void postrl_add_rms_norm(float *hidden, const float *delta, const float *weight, float *y,
-                         int64_t rows, int64_t width, float eps, int threads) {
+void postrl_add_rms_norm(void *hidden, const void *delta, const void *weight, void *y,
+                         int64_t rows, int64_t width, float eps, int bf16, int threads) {
+    int64_t row = width * element_size(bf16);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * width > 65536)
     for (int64_t r = 0; r < rows; r++) {
-        float *h = hidden + r * width;
-        const float *d = delta + r * width;
-        for (int64_t i = 0; i < width; i += 16) {
-            __mmask16 m = lanes(width - i);
-            _mm512_mask_storeu_ps(h + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, h + i),
-                                                          _mm512_maskz_loadu_ps(m, d + i)));
-        }
-        norm_row(h, weight, y + r * width, width, eps);
+        char *h = (char *)hidden + r * row;
+        BY_DTYPE(bf16, (add_row(h, (const char *)delta + r * row, width, dtype_bf16),
+                        norm_row(h, weight, (char *)y + r * row, width, eps, dtype_bf16)));
+    }
+}
+
+/* One row of SiLU(gate) * up; SiLU(g) = g / (1 + e^-g). */
+static inline void silu_mul_row(const void *gate, const void *up, void *out, int64_t width,
+                                int bf16) {
+    for (int64_t i = 0; i < width; i += 16) {
+        __m512 g = load16(gate, i, bf16, width - i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        __m512 silu = round16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), bf16);
+        store16(out, i, _mm512_mul_ps(silu, load16(up, i, bf16, width - i)), bf16, width - i);
     }
 }
 
 /* y[r, j] = SiLU(x[r, j]) * x[r, width + j]: the gate and up halves of a fused projection,
- * rows of 2 * width (contiguous); SiLU(g) = g / (1 + e^-g). */
-void postrl_silu_mul(const float *x, float *y, int64_t rows, int64_t width, int threads) {
+ * rows of 2 * width (contiguous). */
+void postrl_silu_mul(const void *x, void *y, int64_t rows, int64_t width, int bf16,
+                     int threads) {
+    int64_t row = width * element_size(bf16);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * width > 65536)
     for (int64_t r = 0; r < rows; r++) {
-        const float *gate = x + r * 2 * width, *up = gate + width;
-        float *out = y + r * width;
-        for (int64_t i = 0; i < width; i += 16) {
-            __mmask16 m = lanes(width - i);
-            __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
-            __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-            __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-            __m512 u = _mm512_maskz_loadu_ps(m, up + i);
-            _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(silu, u));
-        }
+        const char *gate = (const char *)x + 2 * r * row;
+        BY_DTYPE(bf16, silu_mul_row(gate, gate + row, (char *)y + r * row, width, dtype_bf16));
     }
 }
 
 /* One head's rotary embedding: out = x * cos + rotate_half(x) * sin, rotate_half(x) being
  * (-x[half:], x[:half]) (the Llama convention, as postrl.models.layers.rotate computes it:
- * products rounded, then summed). */
-static inline void rotate_head(const float *x, const float *cos, const float *sin, float *out,
-                               int64_t dim) {
+ * products rounded to float32, then summed; in bf16 the sum rounded once). */
+static inline void rotate_head(const void *x, const void *cos, const void *sin, void *out,
+                               int64_t dim, int bf16) {
     int64_t half = dim / 2;
     for (int64_t i = 0; i < half; i += 16) {
-        __mmask16 m = lanes(half - i);
-        __m512 a = _mm512_maskz_loadu_ps(m, x + i), b = _mm512_maskz_loadu_ps(m, x + half + i);
-        __m512 c0 = _mm512_maskz_loadu_ps(m, cos + i), s0 = _mm512_maskz_loadu_ps(m, sin + i);
-        __m512 c1 = _mm512_maskz_loadu_ps(m, cos + half + i);
-        __m512 s1 = _mm512_maskz_loadu_ps(m, sin + half + i);
-        _mm512_mask_storeu_ps(out + i, m,
-                              _mm512_sub_ps(_mm512_mul_ps(a, c0), _mm512_mul_ps(b, s0)));
-        _mm512_mask_storeu_ps(out + half + i, m,
-                              _mm512_add_ps(_mm512_mul_ps(b, c1), _mm512_mul_ps(a, s1)));
+        int64_t n = half - i;
+        __m512 a = load16(x, i, bf16, n), b = load16(x, half + i, bf16, n);
+        __m512 c0 = load16(cos, i, bf16, n), s0 = load16(sin, i, bf16, n);
+        __m512 c1 = load16(cos, half + i, bf16, n), s1 = load16(sin, half + i, bf16, n);
+        store16(out, i, _mm512_sub_ps(_mm512_mul_ps(a, c0), _mm512_mul_ps(b, s0)), bf16, n);
+        store16(out, half + i, _mm512_add_ps(_mm512_mul_ps(b, c1), _mm512_mul_ps(a, s1)), bf16,
+                n);
+    }
+}
+
+/* One row of a decode step's new column (see postrl_rotate_store; pointers at the row). */
+static inline void rotate_store_row(const char *in, const char *c, const char *s, char *queries,
+                                    char *keys, char *values, int64_t kv_head, int64_t heads,
+                                    int64_t kv_heads, int64_t dim, int bf16) {
+    int64_t size = element_size(bf16), head = dim * size;
+    for (int64_t h = 0; h < heads; h++) rotate_head(in + h * head, c, s, queries + h * head, dim,
+                                                    bf16);
+    for (int64_t h = 0; h < kv_heads; h++) {
+        rotate_head(in + (heads + h) * head, c, s, keys + h * kv_head * size, dim, bf16);
+        const char *v = in + (heads + kv_heads + h) * head;
+        char *value = values + h * kv_head * size;
+        for (int64_t i = 0; i < dim; i += 16)
+            store16(value, i, load16(v, i, bf16, dim - i), bf16, dim - i);
     }
 }
 
 /* A decode step's new column: qkv [rows, (heads + 2 kv_heads) * dim] (row stride qkv_row)
  * holds each row's query heads, key heads and value heads; cos, sin [rows, dim]. The rotated
  * queries go to queries [rows, heads, dim] (contiguous); the rotated keys and the values to
- * the cache's column: keys, values at row stride kv_row and head stride kv_head. */
-void postrl_rotate_store(const float *qkv, int64_t qkv_row, const float *cos, const float *sin,
-                         float *queries, float *keys, float *values, int64_t kv_row,
+ * the cache's column: keys, values at row stride kv_row and head stride kv_head (elements). */
+void postrl_rotate_store(const void *qkv, int64_t qkv_row, const void *cos, const void *sin,
+                         void *queries, void *keys, void *values, int64_t kv_row,
                          int64_t kv_head, int64_t rows, int64_t heads, int64_t kv_heads,
-                         int64_t dim, int threads) {
+                         int64_t dim, int bf16, int threads) {
+    int64_t size = element_size(bf16);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 4)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *in = qkv + r * qkv_row, *c = cos + r * dim, *s = sin + r * dim;
-        for (int64_t h = 0; h < heads; h++)
-            rotate_head(in + h * dim, c, s, queries + (r * heads + h) * dim, dim);
-        for (int64_t h = 0; h < kv_heads; h++) {
-            float *key = keys + r * kv_row + h * kv_head;
-            float *value = values + r * kv_row + h * kv_head;
-            rotate_head(in + (heads + h) * dim, c, s, key, dim);
-            const float *v = in + (heads + kv_heads + h) * dim;
-            for (int64_t i = 0; i < dim; i += 16) {
-                __mmask16 m = lanes(dim - i);
-                _mm512_mask_storeu_ps(value + i, m, _mm512_maskz_loadu_ps(m, v + i));
-            }
-        }
-    }
+    for (int64_t r = 0; r < rows; r++)
+        BY_DTYPE(bf16, rotate_store_row((const char *)qkv + r * qkv_row * size,
+                                        (const char *)cos + r * dim * size,
+                                        (const char *)sin + r * dim * size,
+                                        (char *)queries + r * heads * dim * size,
+                                        (char *)keys + r * kv_row * size,
+                                        (char *)values + r * kv_row * size, kv_head, heads,
+                                        kv_heads, dim, dtype_bf16));
 }
 
 /* The 16 sums of t[0..16)'s lanes, as one vector (lane c: the sum of t[c]): pairs of vectors
@@ -161,34 +184,36 @@ static inline float softmax_numerators(float *p, int64_t columns) {
 }
 
 /* One query over one key/value head, any head size: each score its own dot product, the
- * weighted sum one accumulator per 16 dimensions. */
-static void attend_head(const float *query, const float *k, const float *v, const float *add,
-                        float *o, int64_t dim, int64_t columns, float scale, float *p) {
-    for (int64_t c = 0; c < columns; c++) p[c] = dot(query, k + c * dim, dim) * scale + add[c];
+ * weighted sum one accumulator per 16 dimensions (offsets in elements). */
+static void attend_head(const void *query, const void *k, const void *v, const void *add,
+                        void *o, int64_t dim, int64_t columns, float scale, float *p,
+                        int bf16) {
+    int64_t size = element_size(bf16);
+    for (int64_t c = 0; c < columns; c++)
+        p[c] = dot(query, (const char *)k + c * dim * size, dim, bf16) * scale
+               + _mm512_cvtss_f32(load16(add, c, bf16, 1));
     __m512 inverse = _mm512_set1_ps(softmax_numerators(p, columns));
     for (int64_t i = 0; i < dim; i += 16) {
-        __mmask16 m = lanes(dim - i);
         __m512 acc = _mm512_setzero_ps();
         for (int64_t c = 0; c < columns; c++)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), _mm512_maskz_loadu_ps(m, v + c * dim + i),
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), load16(v, c * dim + i, bf16, dim - i),
                                   acc);
-        _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(acc, inverse));
+        store16(o, i, _mm512_mul_ps(acc, inverse), bf16, dim - i);
     }
 }
 
-/* A group's queries over their key/value head, for a head of 16 * DV floats: the scores of 16
- * columns at a time reduced together (sum_lanes16), the weighted sum in 2 * DV accumulators
- * (even and odd columns), so that the additions' latency overlaps. p: group * padded floats. */
-#define ATTEND_GROUP(DV)                                                                    \
-    static void attend_group##DV(const float *q, const float *k, const float *v,            \
-                                 const float *add, float *o, int64_t group, int64_t columns, \
-                                 float scale, float *p, int64_t padded) {                   \
+/* A group's queries over their key/value head, for a head of 16 * DV values (BF: bf16): the
+ * scores of 16 columns at a time reduced together (sum_lanes16), the weighted sum in 2 * DV
+ * accumulators (even and odd columns), so that the additions' latency overlaps. p: group *
+ * padded floats. Offsets are in elements. */
+#define ATTEND_GROUP(DV, BF, NAME)                                                          \
+    static void NAME(const void *q, const void *k, const void *v, const void *add, void *o, \
+                     int64_t group, int64_t columns, float scale, float *p, int64_t padded) { \
         const int64_t dim = 16 * DV;                                                        \
         for (int64_t g = 0; g < group; g++) {                                               \
-            const float *query = q + g * dim;                                               \
             float *pg = p + g * padded;                                                     \
             __m512 qv[DV];                                                                  \
-            for (int j = 0; j < DV; j++) qv[j] = _mm512_loadu_ps(query + 16 * j);           \
+            for (int j = 0; j < DV; j++) qv[j] = load16(q, g * dim + 16 * j, BF, 16);       \
             for (int64_t c0 = 0; c0 < columns; c0 += 16) {                                  \
                 __m512 t[16];                                                               \
                 for (int64_t c = 0; c < 16; c++) {                                          \
@@ -196,11 +221,10 @@ static void attend_head(const float *query, const float *k, const float *v, cons
                     if (c0 + c < columns)                                                   \
                         for (int j = 0; j < DV; j++)                                        \
                             t[c] = _mm512_fmadd_ps(                                         \
-                                qv[j], _mm512_loadu_ps(k + (c0 + c) * dim + 16 * j), t[c]); \
+                                qv[j], load16(k, (c0 + c) * dim + 16 * j, BF, 16), t[c]);   \
                 }                                                                           \
-                __mmask16 m = lanes(columns - c0);                                          \
                 _mm512_storeu_ps(pg + c0, _mm512_fmadd_ps(sum_lanes16(t), _mm512_set1_ps(scale), \
-                                                          _mm512_maskz_loadu_ps(m, add + c0))); \
+                                                          load16(add, c0, BF, columns - c0))); \
             }                                                                               \
             __m512 inverse = _mm512_set1_ps(softmax_numerators(pg, columns));               \
             __m512 even[DV], odd[DV];                                                       \
@@ -209,8 +233,8 @@ static void attend_head(const float *query, const float *k, const float *v, cons
             for (; c + 1 < columns; c += 2) {                                               \
                 __m512 w0 = _mm512_set1_ps(pg[c]), w1 = _mm512_set1_ps(pg[c + 1]);          \
                 for (int j = 0; j < DV; j++) {                                              \
-                    __m512 v0 = _mm512_loadu_ps(v + c * dim + 16 * j);                      \
-                    __m512 v1 = _mm512_loadu_ps(v + (c + 1) * dim + 16 * j);                \
+                    __m512 v0 = load16(v, c * dim + 16 * j, BF, 16);                        \
+                    __m512 v1 = load16(v, (c + 1) * dim + 16 * j, BF, 16);                  \
                     even[j] = _mm512_fmadd_ps(w0, v0, even[j]);                             \
                     odd[j] = _mm512_fmadd_ps(w1, v1, odd[j]);                               \
                 }                                                                           \
@@ -218,40 +242,46 @@ static void attend_head(const float *query, const float *k, const float *v, cons
             if (c < columns)                                                                \
                 for (int j = 0; j < DV; j++)                                                \
                     even[j] = _mm512_fmadd_ps(_mm512_set1_ps(pg[c]),                        \
-                                              _mm512_loadu_ps(v + c * dim + 16 * j), even[j]); \
+                                              load16(v, c * dim + 16 * j, BF, 16), even[j]); \
             for (int j = 0; j < DV; j++)                                                    \
-                _mm512_storeu_ps(o + g * dim + 16 * j,                                      \
-                                 _mm512_mul_ps(_mm512_add_ps(even[j], odd[j]), inverse));   \
+                store16(o, g * dim + 16 * j,                                                \
+                        _mm512_mul_ps(_mm512_add_ps(even[j], odd[j]), inverse), BF, 16);    \
         }                                                                                   \
     }
 
-ATTEND_GROUP(4) ATTEND_GROUP(8)
+ATTEND_GROUP(4, 0, attend_group4) ATTEND_GROUP(8, 0, attend_group8)
+ATTEND_GROUP(4, 1, attend_group4_bf16) ATTEND_GROUP(8, 1, attend_group8_bf16)
 
 /* Attention of one new query per head and row over that row's cached columns.
  * q: [rows, kv_heads * group, dim] at row stride q_row; keys, values: [rows, kv_heads,
  * columns, dim] at strides (kv_row, kv_head, dim, 1); mask: [rows, columns] additive, at row
- * stride mask_row; out: [rows, kv_heads * group, dim], contiguous. Query head h * group + g
- * reads key/value head h. Heads of 64 and 128 floats take attend_group, others attend_head. */
-void postrl_attend_rows(const float *q, int64_t q_row, const float *keys, const float *values,
-                        int64_t kv_row, int64_t kv_head, const float *mask, int64_t mask_row,
-                        float *out, int64_t rows, int64_t kv_heads,
-                        int64_t group, int64_t dim, int64_t columns, float scale, int threads) {
-    int64_t padded = (columns + 15) / 16 * 16;
+ * stride mask_row; out: [rows, kv_heads * group, dim], contiguous (strides in elements, every
+ * tensor float32, or bf16 when `bf16`). Query head h * group + g reads key/value head h. Heads
+ * of 64 and 128 values take attend_group, others attend_head. */
+void postrl_attend_rows(const void *q, int64_t q_row, const void *keys, const void *values,
+                        int64_t kv_row, int64_t kv_head, const void *mask, int64_t mask_row,
+                        void *out, int64_t rows, int64_t kv_heads, int64_t group, int64_t dim,
+                        int64_t columns, float scale, int bf16, int threads) {
+    int64_t padded = (columns + 15) / 16 * 16, size = element_size(bf16);
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t h = 0; h < kv_heads; h++) {
-            const float *k = keys + r * kv_row + h * kv_head;
-            const float *v = values + r * kv_row + h * kv_head;
-            const float *add = mask + r * mask_row, *query = q + r * q_row + h * group * dim;
-            float *o = out + (r * kv_heads + h) * group * dim;
+            const char *k = (const char *)keys + (r * kv_row + h * kv_head) * size;
+            const char *v = (const char *)values + (r * kv_row + h * kv_head) * size;
+            const char *add = (const char *)mask + r * mask_row * size;
+            const char *query = (const char *)q + (r * q_row + h * group * dim) * size;
+            char *o = (char *)out + (r * kv_heads + h) * group * dim * size;
             float p[group * padded]; /* the scores, then their exponentials */
             if (dim == 64)
-                attend_group4(query, k, v, add, o, group, columns, scale, p, padded);
+                (bf16 ? attend_group4_bf16 : attend_group4)(query, k, v, add, o, group, columns,
+                                                            scale, p, padded);
             else if (dim == 128)
-                attend_group8(query, k, v, add, o, group, columns, scale, p, padded);
+                (bf16 ? attend_group8_bf16 : attend_group8)(query, k, v, add, o, group, columns,
+                                                            scale, p, padded);
             else
                 for (int64_t g = 0; g < group; g++)
-                    attend_head(query + g * dim, k, v, add, o + g * dim, dim, columns, scale, p);
+                    attend_head(query + g * dim * size, k, v, add, o + g * dim * size, dim,
+                                columns, scale, p, bf16);
         }
     }
 }

@@ -6,12 +6,12 @@ length), a copy of keys and values repeated over each group's query heads (eager
 and seven separately dispatched matmuls per layer whose weights oneDNN reorders at every call.
 Here, once per ``generate`` call, the projections are fused (q|k|v, gate|up), cast to the
 sampling dtype and reordered into oneDNN's blocked layout (in float32 on a CPU with AVX-512,
-packed for postrl's own kernels instead, which also run a decode step's work between the
-linears, and all of a step's layers in one call once each row holds its own cache:
-:mod:`postrl.rollout.native`); the cache is allocated once for the
-whole response, each token writes one column, and attention (PyTorch's fused kernel, or two
-batched matmuls around a softmax where those are faster) lets the query heads of a group
-read their shared key/value head without a repeated copy. A prompt's
+packed for postrl's own kernels instead, which run all of a step's layers in one call once
+each row holds its own cache: :mod:`postrl.rollout.native`; on such a CPU a step's work
+between the linears is postrl's kernels in bf16 too); the cache is allocated once for the
+whole response, each token writes one column, and attention (postrl's kernel, PyTorch's
+fused kernel, or two batched matmuls around a softmax where those are faster) lets the query
+heads of a group read their shared key/value head without a repeated copy. A prompt's
 keys and values are stored once and read once for all its G samples (:class:`KVCache`,
 cascade attention: :func:`_with_shared_prompts`), not copied G times.
 
@@ -34,6 +34,11 @@ from postrl.models.layers import architecture_reason, rotate
 from postrl.models.precision import cpu_has_fast_bf16
 from postrl.models.recorded import RecordedForward
 from postrl.rollout.native import LayerPointers, NativeKernels, native_kernels
+
+# The dtypes whose work between the linears runs postrl's kernels (``decode.c``). Measured on
+# the AMX machine (SmolLM2, 4 prompts x 8, 64 new tokens; docs/performance.md): a bf16
+# ``generate`` spent about half its time on PyTorch's operations between oneDNN's linears.
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def unsupported_reason(model) -> str | None:
@@ -116,7 +121,9 @@ class LeanWeights:
     kv_heads: int
     head_dim: int
     dtype: torch.dtype
-    native: NativeKernels | None = None  # postrl's own float32 kernels, where available
+    # postrl's own kernels, where available: between the linears in float32 and bf16, the
+    # linears themselves (``Linear``) and whole decode steps (``pointers``) in float32 only
+    native: NativeKernels | None = None
     pointers: LayerPointers | None = None  # the layers, for ``native.decode_layers``
 
     @classmethod
@@ -124,8 +131,9 @@ class LeanWeights:
     def of(cls, model, dtype: torch.dtype, rows: int) -> LeanWeights:
         config, body = model.config, model.model
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        native = native_kernels() if dtype == torch.float32 else None
-        linear = functools.partial(Linear, dtype=dtype, rows=rows, native=native)
+        native = native_kernels() if dtype in NATIVE_DTYPES else None
+        gemm = native if dtype == torch.float32 else None  # bf16 linears: oneDNN's (AMX)
+        linear = functools.partial(Linear, dtype=dtype, rows=rows, native=gemm)
         layers = []
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -141,7 +149,7 @@ class LeanWeights:
         norm = body.norm.weight.detach().to(dtype)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         pointers = None
-        if native is not None:
+        if gemm is not None:
             linears = [[(m.weight, m.bias) for m in (layer.qkv, layer.out, layer.gate_up,
                                                      layer.down)] for layer in layers]
             norms = [n.contiguous() for layer in layers
@@ -278,7 +286,7 @@ def _attend_decode(query: Tensor, cache: KVCache, layer: int,
     Query head ``h`` reads key/value head ``h // group``: a group's query heads enter the
     kernel as query positions of their shared head (no causal mask tells them apart), so
     each cached key and value is read once, not once per query head as ``enable_gqa`` does.
-    With ``native`` (float32), attention over each row's own columns is postrl's kernel.
+    With ``native``, attention over each row's own columns is postrl's kernel.
     """
     rows, heads, dim = query.shape
     kv_heads = cache.keys.shape[2]

@@ -1,5 +1,6 @@
-"""postrl's own kernels, in C, compiled on first use: float32 ones for the lean sampler, and
-the training forward's element-wise work in float32 or bf16.
+"""postrl's own kernels, in C, compiled on first use: the lean sampler's (float32, and its
+work between the linears in bf16 too), and the training forward's element-wise work in float32
+or bf16.
 
 - ``gemm.c``, the linear layers: at a decode step's 1 to 32 rows oneDNN's packed float32
   linear leaves about a fifth of its time on the table; measured on an AVX-512 CPU (2 cores,
@@ -72,7 +73,9 @@ class NativeKernels:
     """The loaded library: :meth:`pack` a weight once, then :meth:`linear` multiplies by it;
     :meth:`rms_norm`, :meth:`add_rms_norm`, :meth:`silu_mul`, :meth:`rotate_store`,
     :meth:`attend_rows`, :meth:`sample`; :meth:`decode_layers` runs a decode step's layers.
-    Float32 CPU tensors only."""
+    CPU tensors; float32 only but for the work between the linears (:meth:`rms_norm`,
+    :meth:`add_rms_norm`, :meth:`silu_mul`, :meth:`rotate_store`, :meth:`attend_rows`), which
+    take float32 or bf16."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library  # postrl.models.fused binds the training kernels' functions
@@ -80,14 +83,16 @@ class NativeKernels:
         self._pack = bind(library, "postrl_pack", pointer, pointer, size, size)
         self._linear = bind(library, "postrl_linear", pointer, size, size, pointer,
                             pointer, size, pointer, count)
+        # decode.c's kernels: a dtype flag (1: bf16) before the thread count
         self._rms_norm = bind(library, "postrl_rms_norm", pointer, pointer, pointer, size,
-                              size, real, count)
+                              size, real, count, count)
         self._add_rms_norm = bind(library, "postrl_add_rms_norm", pointer, pointer, pointer,
-                                  pointer, size, size, real, count)
-        self._silu_mul = bind(library, "postrl_silu_mul", pointer, pointer, size, size, count)
+                                  pointer, size, size, real, count, count)
+        self._silu_mul = bind(library, "postrl_silu_mul", pointer, pointer, size, size, count,
+                              count)
         self._rotate_store = bind(library, "postrl_rotate_store", pointer, size, pointer,
                                   pointer, pointer, pointer, pointer, size, size, size, size,
-                                  size, size, count)
+                                  size, size, count, count)
         self._decode_layers = bind(library, "postrl_decode_layers", size, pointer,
                                    pointer, pointer, pointer, pointer, pointer, pointer,
                                    pointer, real, pointer, pointer, size, size, size, size,
@@ -98,7 +103,7 @@ class NativeKernels:
                             pointer, pointer, pointer, pointer, count)
         self._attend_rows = bind(library, "postrl_attend_rows", pointer, size, pointer,
                                  pointer, size, size, pointer, size, pointer, size, size,
-                                 size, size, size, real, count)
+                                 size, size, size, real, count, count)
 
     def pack(self, weights: list[Tensor]) -> Tensor:
         """The row-concatenation of ``weights`` (each ``[out, in]``) as float32 panels of 32
@@ -143,41 +148,41 @@ class NativeKernels:
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
         x = x.contiguous()
-        if (x.dtype != torch.float32 or weight.dtype != torch.float32
-                or weight.shape != x.shape[-1:] or not weight.is_contiguous()):
-            raise ValueError(f"native rms_norm: float32 rows of {tuple(weight.shape)} expected, "
-                             f"got {x.dtype} {tuple(x.shape)}")
+        if (not _same_dtype(x, weight) or weight.shape != x.shape[-1:]
+                or not weight.is_contiguous()):
+            raise ValueError(f"native rms_norm: float32 or bf16 rows of {tuple(weight.shape)} "
+                             f"{weight.dtype} expected, got {x.dtype} {tuple(x.shape)}")
         out = torch.empty_like(x)
         self._rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(),
-                       x.numel() // max(x.shape[-1], 1), x.shape[-1], eps,
+                       x.numel() // max(x.shape[-1], 1), x.shape[-1], eps, _bf16(x),
                        torch.get_num_threads())
         return out
 
     def add_rms_norm(self, hidden: Tensor, delta: Tensor, weight: Tensor, eps: float) -> Tensor:
         """``hidden += delta`` in place (the residual stream), then :meth:`rms_norm` of it."""
-        if not (hidden.dtype == delta.dtype == weight.dtype == torch.float32
+        if not (_same_dtype(hidden, delta, weight)
                 and hidden.shape == delta.shape and hidden.is_contiguous()
                 and delta.is_contiguous() and weight.shape == hidden.shape[-1:]
                 and weight.is_contiguous()):
-            raise ValueError(f"native add_rms_norm: contiguous float32 rows of "
+            raise ValueError(f"native add_rms_norm: contiguous float32 or bf16 rows of "
                              f"{tuple(weight.shape)} expected, got hidden {hidden.dtype} "
                              f"{tuple(hidden.shape)}, delta {delta.dtype} {tuple(delta.shape)}")
         out = torch.empty_like(hidden)
         self._add_rms_norm(hidden.data_ptr(), delta.data_ptr(), weight.data_ptr(),
                            out.data_ptr(), hidden.numel() // max(hidden.shape[-1], 1),
-                           hidden.shape[-1], eps, torch.get_num_threads())
+                           hidden.shape[-1], eps, _bf16(hidden), torch.get_num_threads())
         return out
 
     def silu_mul(self, gate_up: Tensor) -> Tensor:
         """``SiLU(gate) * up`` of ``gate_up [..., 2 * width]`` (gate first), ``[..., width]``."""
         gate_up = gate_up.contiguous()
-        if gate_up.dtype != torch.float32 or gate_up.shape[-1] % 2:
-            raise ValueError(f"native silu_mul: float32 rows of gate and up expected, got "
-                             f"{gate_up.dtype} {tuple(gate_up.shape)}")
+        if not _same_dtype(gate_up) or gate_up.shape[-1] % 2:
+            raise ValueError(f"native silu_mul: float32 or bf16 rows of gate and up expected, "
+                             f"got {gate_up.dtype} {tuple(gate_up.shape)}")
         width = gate_up.shape[-1] // 2
-        out = torch.empty((*gate_up.shape[:-1], width), dtype=torch.float32)
+        out = torch.empty((*gate_up.shape[:-1], width), dtype=gate_up.dtype)
         self._silu_mul(gate_up.data_ptr(), out.data_ptr(), out.numel() // max(width, 1), width,
-                       torch.get_num_threads())
+                       _bf16(gate_up), torch.get_num_threads())
         return out
 
     def rotate_store(self, qkv: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
@@ -189,19 +194,20 @@ class NativeKernels:
         dim]``."""
         rows, kv_heads, dim = keys.shape
         cos, sin = cos.contiguous(), sin.contiguous()
-        if not (qkv.dtype == cos.dtype == sin.dtype == keys.dtype == values.dtype
-                == torch.float32 and qkv.shape == (rows, (heads + 2 * kv_heads) * dim)
+        if not (_same_dtype(qkv, cos, sin, keys, values)
+                and qkv.shape == (rows, (heads + 2 * kv_heads) * dim)
                 and qkv.stride(1) == 1 and cos.shape == sin.shape == (rows, dim)
                 and keys.shape == values.shape and keys.stride() == values.stride()
                 and keys.stride(2) == 1):
-            raise ValueError(f"native rotate_store: float32 decode-step layouts expected, got "
-                             f"qkv {tuple(qkv.shape)} {qkv.stride()}, cos {tuple(cos.shape)}, "
-                             f"keys {tuple(keys.shape)} {keys.stride()}, {heads} query heads")
-        queries = torch.empty((rows, heads, dim), dtype=torch.float32)
+            raise ValueError(f"native rotate_store: float32 or bf16 decode-step layouts "
+                             f"expected, got qkv {qkv.dtype} {tuple(qkv.shape)} {qkv.stride()}, "
+                             f"cos {cos.dtype} {tuple(cos.shape)}, keys {keys.dtype} "
+                             f"{tuple(keys.shape)} {keys.stride()}, {heads} query heads")
+        queries = torch.empty((rows, heads, dim), dtype=qkv.dtype)
         self._rotate_store(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(),
                            queries.data_ptr(), keys.data_ptr(), values.data_ptr(),
                            keys.stride(0), keys.stride(1), rows, heads, kv_heads, dim,
-                           torch.get_num_threads())
+                           _bf16(qkv), torch.get_num_threads())
         return queries
 
     def attend_rows(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
@@ -212,19 +218,20 @@ class NativeKernels:
         strides within a head and between a group's heads)."""
         rows, kv_heads, group, dim = q.shape
         columns = keys.shape[2]
-        if not (q.dtype == keys.dtype == values.dtype == mask.dtype == torch.float32
+        if not (_same_dtype(q, keys, values, mask)
                 and q.stride()[1:] == (group * dim, dim, 1)
                 and keys.stride() == values.stride() and keys.stride()[2:] == (dim, 1)
                 and keys.shape == values.shape == (rows, kv_heads, columns, dim)
                 and mask.shape == (rows, 1, 1, columns) and mask.stride(-1) == 1):
-            raise ValueError("native attend_rows: float32 decode-step layouts expected, got "
-                             f"q {tuple(q.shape)} {q.stride()}, keys {tuple(keys.shape)} "
-                             f"{keys.stride()}, mask {tuple(mask.shape)} {mask.stride()}")
-        out = torch.empty((rows, kv_heads, group, dim), dtype=torch.float32)
+            raise ValueError("native attend_rows: float32 or bf16 decode-step layouts "
+                             f"expected, got q {q.dtype} {tuple(q.shape)} {q.stride()}, keys "
+                             f"{keys.dtype} {tuple(keys.shape)} {keys.stride()}, mask "
+                             f"{mask.dtype} {tuple(mask.shape)} {mask.stride()}")
+        out = torch.empty((rows, kv_heads, group, dim), dtype=q.dtype)
         self._attend_rows(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(),
                           keys.stride(0), keys.stride(1), mask.data_ptr(), mask.stride(0),
                           out.data_ptr(), rows, kv_heads, group, dim, columns, dim ** -0.5,
-                          torch.get_num_threads())
+                          _bf16(q), torch.get_num_threads())
         return out
 
     def decode_layers(self, layers: LayerPointers, hidden: Tensor, cos: Tensor, sin: Tensor,
@@ -292,6 +299,17 @@ class NativeKernels:
                      None if entropies is None else entropies.data_ptr(),
                      torch.get_num_threads())
         return tokens, logprobs, entropies
+
+
+def _same_dtype(*tensors: Tensor) -> bool:
+    """All float32, or all bf16 (``decode.c``'s kernels take one dtype per call)."""
+    return (tensors[0].dtype in (torch.float32, torch.bfloat16)
+            and all(t.dtype == tensors[0].dtype for t in tensors))
+
+
+def _bf16(tensor: Tensor) -> int:
+    """``decode.c``'s dtype flag for ``tensor``."""
+    return int(tensor.dtype == torch.bfloat16)
 
 
 @dataclass

@@ -11,21 +11,23 @@
 
 void postrl_linear(const float *x, int64_t m, int64_t k, const float *packed, const float *bias,
                    int64_t n, float *y, int threads);
-void postrl_rms_norm(const float *x, const float *weight, float *y, int64_t rows, int64_t width,
-                     float eps, int threads);
-void postrl_add_rms_norm(float *hidden, const float *delta, const float *weight, float *y,
-                         int64_t rows, int64_t width, float eps, int threads);
-void postrl_silu_mul(const float *x, float *y, int64_t rows, int64_t width, int threads);
-void postrl_rotate_store(const float *qkv, int64_t qkv_row, const float *cos, const float *sin,
-                         float *queries, float *keys, float *values, int64_t kv_row,
+void postrl_rms_norm(const void *x, const void *weight, void *y, int64_t rows, int64_t width,
+                     float eps, int bf16, int threads);
+void postrl_add_rms_norm(void *hidden, const void *delta, const void *weight, void *y,
+                         int64_t rows, int64_t width, float eps, int bf16, int threads);
+void postrl_silu_mul(const void *x, void *y, int64_t rows, int64_t width, int bf16,
+                     int threads);
+void postrl_rotate_store(const void *qkv, int64_t qkv_row, const void *cos, const void *sin,
+                         void *queries, void *keys, void *values, int64_t kv_row,
                          int64_t kv_head, int64_t rows, int64_t heads, int64_t kv_heads,
-                         int64_t dim, int threads);
-void postrl_attend_rows(const float *q, int64_t q_row, const float *keys, const float *values,
-                        int64_t kv_row, int64_t kv_head, const float *mask, int64_t mask_row,
-                        float *out, int64_t rows, int64_t kv_heads, int64_t group, int64_t dim,
-                        int64_t columns, float scale, int threads);
+                         int64_t dim, int bf16, int threads);
+void postrl_attend_rows(const void *q, int64_t q_row, const void *keys, const void *values,
+                        int64_t kv_row, int64_t kv_head, const void *mask, int64_t mask_row,
+                        void *out, int64_t rows, int64_t kv_heads, int64_t group, int64_t dim,
+                        int64_t columns, float scale, int bf16, int threads);
 
 enum { QKV, OUT, GATE_UP, DOWN, KINDS };
+enum { F32 = 0 }; /* decode.c's dtype flag: these layers are float32 */
 
 /* The layers over `hidden` [rows, sizes[1]] (the residual stream, updated in place): its
  * first RMSNorm, then each layer; `normed` receives the stream after the final norm.
@@ -59,7 +61,7 @@ void postrl_decode_layers(int64_t layers, const int64_t *sizes, float *hidden, f
     int64_t outs[KINDS] = {qkv, width, 2 * inner, width};
     float *queries = scratch, *attended = queries + rows * heads * dim;
     float *act = attended + rows * heads * dim, *own = act + rows * inner;
-    postrl_rms_norm(hidden, norms[0], normed, rows, width, eps, threads);
+    postrl_rms_norm(hidden, norms[0], normed, rows, width, eps, F32, threads);
     for (int64_t l = 0; l < layers; l++) {
         const float *const *w = weights + KINDS * l, *const *b = biases + KINDS * l;
         float *y[KINDS];
@@ -68,17 +70,18 @@ void postrl_decode_layers(int64_t layers, const int64_t *sizes, float *hidden, f
         postrl_linear(normed, rows, width, w[QKV], b[QKV], outs[QKV], y[QKV], threads);
         postrl_rotate_store(y[QKV], qkv, cos, sin, queries, layer_keys + column * dim,
                             layer_values + column * dim, kv_row, kv_head, rows, heads,
-                            kv_heads, dim, threads);
+                            kv_heads, dim, F32, threads);
         postrl_attend_rows(queries, heads * dim, layer_keys, layer_values, kv_row, kv_head,
                            mask, mask_row, attended, rows, kv_heads, heads / kv_heads, dim,
-                           columns, scale, threads);
+                           columns, scale, F32, threads);
         postrl_linear(attended, rows, heads * dim, w[OUT], b[OUT], outs[OUT], y[OUT], threads);
-        postrl_add_rms_norm(hidden, y[OUT], norms[2 * l + 1], normed, rows, width, eps, threads);
+        postrl_add_rms_norm(hidden, y[OUT], norms[2 * l + 1], normed, rows, width, eps, F32,
+                            threads);
         postrl_linear(normed, rows, width, w[GATE_UP], b[GATE_UP], outs[GATE_UP], y[GATE_UP],
                       threads);
-        postrl_silu_mul(y[GATE_UP], act, rows, inner, threads);
+        postrl_silu_mul(y[GATE_UP], act, rows, inner, F32, threads);
         postrl_linear(act, rows, inner, w[DOWN], b[DOWN], outs[DOWN], y[DOWN], threads);
-        postrl_add_rms_norm(hidden, y[DOWN], norms[2 * l + 2], normed, rows, width, eps,
+        postrl_add_rms_norm(hidden, y[DOWN], norms[2 * l + 2], normed, rows, width, eps, F32,
                             threads);
     }
 }

@@ -1,8 +1,8 @@
-"""postrl's own float32 kernels for the lean sampler (``gemm.c``, ``decode.c``, ``step.c``):
-the linear against a float64 product; RMSNorm, the residual add with its RMSNorm, SiLU · up,
-the rotary embedding with the cache's new column, and attention against PyTorch's; a decode
-step's layers in one call against the layer loop; the sampler's logits with them or without
-them; and a clear fallback where they cannot be built."""
+"""postrl's own kernels for the lean sampler (``gemm.c``, ``decode.c``, ``step.c``): the
+float32 linear against a float64 product; RMSNorm, the residual add with its RMSNorm, SiLU ·
+up, the rotary embedding with the cache's new column, and attention against PyTorch's, in
+float32 and bf16; a decode step's layers in one call against the layer loop; the sampler's
+logits with them or without them; and a clear fallback where they cannot be built."""
 
 import dataclasses
 from fnmatch import fnmatch
@@ -19,6 +19,15 @@ from postrl.rollout.lean import LeanDecoder, LeanWeights
 
 needs_native = pytest.mark.skipif(native.native_kernels() is None,
                                   reason=f"no native kernels: {native.unavailable_reason()}")
+dtypes = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+
+
+def close(dtype: torch.dtype, float32: float) -> dict[str, float]:
+    """``assert_close``'s tolerances: ``float32`` in float32; in bf16 a rounding apart (the
+    kernels compute in float32 and round where PyTorch's bf16 operations round, so two
+    results may straddle a rounding boundary)."""
+    tolerance = float32 if dtype == torch.float32 else 2.0**-7
+    return {"rtol": tolerance, "atol": tolerance}
 
 
 @pytest.fixture
@@ -72,33 +81,40 @@ def test_it_writes_into_a_given_output_and_refuses_one_it_cannot_fill():
 
 
 @needs_native
+@dtypes
 @pytest.mark.parametrize("width", [64, 576, 23])
 @pytest.mark.parametrize("rows", [1, 6, 300])
-def test_rms_norm_is_pytorchs(width, rows):
+def test_rms_norm_is_pytorchs(width, rows, dtype):
     generator = torch.Generator().manual_seed(width + rows)
-    x = torch.randn(rows, 2, width, generator=generator) * 3
-    weight = torch.randn(width, generator=generator)
+    x = (torch.randn(rows, 2, width, generator=generator) * 3).to(dtype)
+    weight = torch.randn(width, generator=generator).to(dtype)
     for view in (x, x[:, 1]):  # a batch of rows, and a non-contiguous view
-        torch.testing.assert_close(native.native_kernels().rms_norm(view, weight, 1e-5),
-                                   torch.nn.functional.rms_norm(view, (width,), weight, 1e-5),
-                                   rtol=2e-6, atol=2e-6)
+        out = native.native_kernels().rms_norm(view, weight, 1e-5)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out, torch.nn.functional.rms_norm(view, (width,), weight,
+                                                                     1e-5), **close(dtype, 2e-6))
     with pytest.raises(ValueError, match="native rms_norm"):
         native.native_kernels().rms_norm(x, weight.double(), 1e-5)
+    with pytest.raises(ValueError, match="native rms_norm"):  # one dtype per call
+        native.native_kernels().rms_norm(x.float(), weight.bfloat16(), 1e-5)
 
 
 @needs_native
+@dtypes
 @pytest.mark.parametrize("width", [64, 576, 23])
 @pytest.mark.parametrize("rows", [1, 6, 300])
-def test_the_residual_add_and_its_rms_norm_are_pytorchs(width, rows):
-    """The residual stream is added to in place, exactly; its norm as PyTorch's."""
+def test_the_residual_add_and_its_rms_norm_are_pytorchs(width, rows, dtype):
+    """The residual stream is added to in place, exactly as PyTorch adds in its dtype; its
+    norm as PyTorch's."""
     generator = torch.Generator().manual_seed(width * rows)
-    hidden, delta = (torch.randn(rows, 1, width, generator=generator) * 3 for _ in range(2))
-    weight = torch.randn(width, generator=generator)
+    hidden, delta = ((torch.randn(rows, 1, width, generator=generator) * 3).to(dtype)
+                     for _ in range(2))
+    weight = torch.randn(width, generator=generator).to(dtype)
     expected_hidden = hidden + delta
     normed = native.native_kernels().add_rms_norm(hidden, delta, weight, 1e-5)
-    assert torch.equal(hidden, expected_hidden)
+    assert torch.equal(hidden, expected_hidden) and normed.dtype == dtype
     torch.testing.assert_close(normed, torch.nn.functional.rms_norm(
-        expected_hidden, (width,), weight, 1e-5), rtol=2e-6, atol=2e-6)
+        expected_hidden, (width,), weight, 1e-5), **close(dtype, 2e-6))
     with pytest.raises(ValueError, match="native add_rms_norm"):
         native.native_kernels().add_rms_norm(hidden, delta[:, :, :-1], weight[:-1], 1e-5)
     strided = torch.zeros(2, 1, 2 * width)[..., :width]  # in place needs it contiguous
@@ -108,40 +124,51 @@ def test_the_residual_add_and_its_rms_norm_are_pytorchs(width, rows):
 
 
 @needs_native
+@dtypes
 @pytest.mark.parametrize("width", [1536, 40, 7])
 @pytest.mark.parametrize("rows", [1, 5, 64])
-def test_silu_times_up_is_pytorchs(width, rows):
+def test_silu_times_up_is_pytorchs(width, rows, dtype):
     """Gates from far negative to far positive (SiLU's tails), up the second half."""
     generator = torch.Generator().manual_seed(width + rows)
     gate_up = torch.randn(rows, 1, 2 * width, generator=generator) * 4
     gate_up[0, 0, :3] = torch.tensor([-120.0, 95.0, 0.0])[: min(3, width)]
+    gate_up = gate_up.to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
-    torch.testing.assert_close(native.native_kernels().silu_mul(gate_up),
-                               torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
+    out = native.native_kernels().silu_mul(gate_up)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, torch.nn.functional.silu(gate) * up, **close(dtype, 1e-6))
     with pytest.raises(ValueError, match="native silu_mul"):
         native.native_kernels().silu_mul(gate_up[..., 1:])
 
 
 @needs_native
+@dtypes
 @pytest.mark.parametrize("dim", [64, 24, 6])
 @pytest.mark.parametrize("rows", [1, 9])
-def test_the_rotary_embedding_and_the_caches_new_column_are_pytorchs(dim, rows):
-    """Queries and keys rotated exactly as postrl.models.layers.rotate rotates them (the
-    same rounding), keys and values written into one column of a longer cache and nowhere
-    else."""
+def test_the_rotary_embedding_and_the_caches_new_column_are_pytorchs(dim, rows, dtype):
+    """Queries and keys rotated as postrl.models.layers.rotate rotates them (in float32 with
+    the same rounding), keys and values written into one column of a longer cache and
+    nowhere else."""
     generator = torch.Generator().manual_seed(dim * rows)
     heads, kv_heads, column = 6, 2, 3
-    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=generator)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=generator).to(dtype)
     angles = torch.rand(rows, dim // 2, generator=generator) * 50
-    cos, sin = (torch.cat((f(angles), f(angles)), dim=-1) for f in (torch.cos, torch.sin))
-    keys, values = (torch.randn(2, rows, kv_heads, 5, dim, generator=generator) for _ in range(2))
+    cos, sin = (torch.cat((f(angles), f(angles)), dim=-1).to(dtype)
+                for f in (torch.cos, torch.sin))
+    keys, values = (torch.randn(2, rows, kv_heads, 5, dim, generator=generator).to(dtype)
+                    for _ in range(2))
     before_keys, before_values = keys.clone(), values.clone()
     queries = native.native_kernels().rotate_store(qkv, cos, sin, keys[1, :, :, column],
                                                    values[1, :, :, column], heads)
     rotated = rotate(qkv[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim),
                      cos[:, None], sin[:, None])
-    assert torch.equal(queries, rotated[:, :heads])
-    assert torch.equal(keys[1, :, :, column], rotated[:, heads:])
+    if dtype == torch.float32:
+        assert torch.equal(queries, rotated[:, :heads])
+        assert torch.equal(keys[1, :, :, column], rotated[:, heads:])
+    else:
+        assert queries.dtype == dtype
+        torch.testing.assert_close(queries, rotated[:, :heads], **close(dtype, 0))
+        torch.testing.assert_close(keys[1, :, :, column], rotated[:, heads:], **close(dtype, 0))
     assert torch.equal(values[1, :, :, column],
                        qkv[:, (heads + kv_heads) * dim:].view(rows, kv_heads, dim))
     untouched = torch.ones(2, rows, kv_heads, 5, dtype=torch.bool)
@@ -154,10 +181,11 @@ def test_the_rotary_embedding_and_the_caches_new_column_are_pytorchs(dim, rows):
 
 
 @needs_native
+@dtypes
 @pytest.mark.parametrize("dim", [64, 128, 24])
 @pytest.mark.parametrize("columns", [1, 2, 16, 17, 150])
 @pytest.mark.parametrize("rows", [1, 9])
-def test_attention_over_each_rows_columns_is_pytorchs(dim, columns, rows):
+def test_attention_over_each_rows_columns_is_pytorchs(dim, columns, rows, dtype):
     """Views as a decode step has them: queries in the rotated projections (query heads,
     then key heads), keys and values the first columns of a longer cache, the mask a row
     mask's first columns with left padding masked out (a large negative, as the cache's).
@@ -165,50 +193,58 @@ def test_attention_over_each_rows_columns_is_pytorchs(dim, columns, rows):
     columns summed apart), 24 the plain one; column counts around the blocks' edges."""
     generator = torch.Generator().manual_seed(dim * columns + rows)
     kv_heads, group = 3, 3
-    rotated = torch.randn(rows, 1, kv_heads * group + kv_heads, dim, generator=generator)
+    rotated = torch.randn(rows, 1, kv_heads * group + kv_heads, dim,
+                          generator=generator).to(dtype)
     q = rotated[:, 0, : kv_heads * group].view(rows, kv_heads, group, dim)
-    keys, values = (torch.randn(rows, kv_heads, columns + 5, dim, generator=generator) * 2
-                    for _ in range(2))
-    row_mask = torch.zeros(rows, columns + 5)
-    row_mask[1:, : columns // 3] = torch.finfo(torch.float32).min
+    keys, values = ((torch.randn(rows, kv_heads, columns + 5, dim, generator=generator) * 2
+                     ).to(dtype) for _ in range(2))
+    row_mask = torch.zeros(rows, columns + 5, dtype=dtype)
+    row_mask[1:, : columns // 3] = torch.finfo(dtype).min
     args = (q, keys[:, :, :columns], values[:, :, :columns], row_mask[:, None, None, :columns])
     expected = torch.nn.functional.scaled_dot_product_attention(*args[:3], attn_mask=args[3])
-    torch.testing.assert_close(native.native_kernels().attend_rows(*args), expected,
-                               rtol=1e-5, atol=1e-5)
+    out = native.native_kernels().attend_rows(*args)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, expected, **close(dtype, 1e-5))
     with pytest.raises(ValueError, match="decode-step layouts"):
         native.native_kernels().attend_rows(q.contiguous().transpose(1, 2), *args[1:])
 
 
 @needs_native
+@dtypes
 @pytest.mark.parametrize("masked", [1, 16, 40])
-def test_masked_columns_weigh_exactly_nothing(masked):
+def test_masked_columns_weigh_exactly_nothing(masked, dtype):
     """A masked column's exponential is 0, as PyTorch's: not the smallest float the
     polynomial reaches (about 1e-38, which would show against values of 1e36, and whose
     subnormal products take the CPU's slow path)."""
     generator = torch.Generator().manual_seed(masked)
     rows, columns, dim = 4, 50, 64
-    q = torch.randn(rows, 3, 3, dim, generator=generator)
-    keys, values = (torch.randn(rows, 3, columns, dim, generator=generator) for _ in range(2))
+    q = torch.randn(rows, 3, 3, dim, generator=generator).to(dtype)
+    keys, values = (torch.randn(rows, 3, columns, dim, generator=generator).to(dtype)
+                    for _ in range(2))
     values[:, :, :masked] = 1e36
-    mask = torch.zeros(rows, 1, 1, columns)
-    mask[..., :masked] = torch.finfo(torch.float32).min  # as the cache masks left padding
+    mask = torch.zeros(rows, 1, 1, columns, dtype=dtype)
+    mask[..., :masked] = torch.finfo(dtype).min  # as the cache masks left padding
     expected = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
     torch.testing.assert_close(native.native_kernels().attend_rows(q, keys, values, mask),
-                               expected, rtol=1e-5, atol=1e-5)
+                               expected, **close(dtype, 1e-5))
 
 
 @needs_native
-def test_the_lean_sampler_runs_them_in_float32_only(tiny):
+def test_the_lean_sampler_runs_their_linears_in_float32_only(tiny):
+    """float32 runs every kernel; bf16 its work between the linears, and oneDNN's linears."""
     model, _ = tiny
     fp32 = LeanWeights.of(model, torch.float32, rows=4)
     bf16 = LeanWeights.of(model, torch.bfloat16, rows=4)
     assert fp32.native is not None and fp32.lm_head.native is not None
-    assert fp32.layers[0].qkv.native is not None
-    assert bf16.native is None and bf16.lm_head.native is None
+    assert fp32.layers[0].qkv.native is not None and fp32.pointers is not None
+    assert bf16.native is not None and bf16.pointers is None
+    assert bf16.lm_head.native is None and bf16.layers[0].qkv.native is None
+    assert LeanWeights.of(model, torch.float16, rows=4).native is None
 
 
 @needs_native
-def test_decode_steps_give_the_same_logits_with_and_without_it(tiny, monkeypatch):
+@dtypes
+def test_decode_steps_give_the_same_logits_with_and_without_it(tiny, monkeypatch, dtype):
     """Prefill and three decode steps of 3 prompts x 2 samples, with postrl's kernels and
     with PyTorch's and oneDNN's, from the same tokens, with the prompts' columns shared and
     copied to each row."""
@@ -218,16 +254,17 @@ def test_decode_steps_give_the_same_logits_with_and_without_it(tiny, monkeypatch
     outputs = []
     for switch, share_from in (("1", 1), ("0", 1), ("1", 10**6), ("0", 10**6)):
         monkeypatch.setenv(native.SWITCH, switch)
-        weights = LeanWeights.of(model, torch.float32, rows=6)
+        weights = LeanWeights.of(model, dtype, rows=6)
         assert (weights.native is not None) == (switch == "1")
         decoder = LeanDecoder(weights, *left_padded(texts, 0), 2, 3, share_from=share_from)
         logits = [decoder.first_logits]
         positions = torch.tensor([len(t) for t in texts]).repeat_interleave(2)
         for step in range(3):
             logits.append(decoder.step(torch.arange(6) * 11 + step, positions + step))
-        outputs.append(torch.stack(logits))
+        outputs.append(torch.stack(logits).float())
     for other in outputs[1:]:
-        torch.testing.assert_close(outputs[0], other, atol=1e-4, rtol=0)
+        torch.testing.assert_close(outputs[0], other, atol=1e-4 if dtype == torch.float32
+                                   else 0.05, rtol=0)
 
 
 @needs_native

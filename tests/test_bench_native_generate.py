@@ -1,0 +1,42 @@
+"""bench/native_generate_ab.py switches a piece of the sampler's native kernels off and on:
+off, the sampler must build its weights without it (or the A/B times nothing), and on again,
+with it."""
+
+import pytest
+import torch
+
+from postrl.rollout import lean, native, sampling
+from tests.bench_scripts import load_bench_script
+
+needs_native = pytest.mark.skipif(native.native_kernels() is None, reason="no native kernels")
+
+
+@needs_native
+def test_between_switches_the_bf16_samplers_work_between_its_linears(tiny):
+    model, _ = tiny
+    switch = load_bench_script("native_generate_ab").switches("between")
+    assert lean.LeanWeights.of(model, torch.bfloat16, rows=2).native is not None
+    switch(False)
+    try:
+        assert lean.LeanWeights.of(model, torch.bfloat16, rows=2).native is None
+        assert lean.LeanWeights.of(model, torch.float32, rows=2).native is not None
+    finally:
+        switch(True)
+    assert lean.LeanWeights.of(model, torch.bfloat16, rows=2).native is not None
+
+
+@needs_native
+def test_draw_and_layers_switch_off_and_on(tiny):
+    model, _ = tiny
+    bench = load_bench_script("native_generate_ab")
+    draw, layers = bench.switches("draw"), bench.switches("layers")
+    draw(False)
+    layers(False)
+    try:
+        assert sampling.native_kernels() is None
+        assert lean.LeanWeights.of(model, torch.float32, rows=2).pointers is None
+    finally:
+        draw(True)
+        layers(True)
+    assert sampling.native_kernels() is not None
+    assert lean.LeanWeights.of(model, torch.float32, rows=2).pointers is not None
