@@ -1,7 +1,7 @@
 """A piece of the sampler by postrl's native kernels against without it, alternated in one
 process, over whole ``generate`` calls.
 
-    python bench/native_generate_ab.py --part draw|layers|between [--reps 8]
+    python bench/native_generate_ab.py --part draw|layers|between|amx [--reps 8]
                                        [--precision fp32|bf16-master]
 
 ``draw``: the draw from the logits (softmax, cumulative sum and search over the vocabulary)
@@ -9,8 +9,9 @@ by ``postrl/rollout/sample.c`` against PyTorch's. ``layers``: a float32 decode s
 in one call (``postrl/rollout/step.c``) against the Python loop over the same kernels
 (float32 only). ``between``: a bf16 sampler's work between its linears (RMSNorm, the
 residual adds, SiLU · up, the rotation with the cache's new column, attention) by
-``postrl/rollout/decode.c`` against PyTorch's operations (bf16-master only; the linears are
-oneDNN's either way). ``bench/vs_trl.py``'s first prompts (SmolLM2, 4 prompts x 8, 64 new tokens):
+``postrl/rollout/decode.c`` against PyTorch's operations (bf16-master only). ``amx``: a bf16
+sampler's linears by ``postrl/rollout/amx.c`` against oneDNN's (bf16-master, on a CPU with
+AMX tiles). ``bench/vs_trl.py``'s first prompts (SmolLM2, 4 prompts x 8, 64 new tokens):
 ``generate`` ``reps`` times each way (ABBA order) with the same seed, recording as the
 trainer does, so both ways draw the same tokens; medians over the calls but the first two,
 and whether the two ways drew the same tokens (they may not where a uniform falls within
@@ -26,7 +27,7 @@ import time
 
 import torch
 
-from postrl.rollout import lean, sampling
+from postrl.rollout import lean, native, sampling
 
 
 def switches(part: str):
@@ -37,6 +38,13 @@ def switches(part: str):
         def draw(on: bool) -> None:
             sampling.native_kernels = kernels if on else (lambda: None)
         return draw
+    if part == "amx":
+        kernels = native.native_kernels()
+        amx = kernels.amx
+
+        def tiles(on: bool) -> None:
+            kernels.amx = amx if on else False
+        return tiles
     if part == "between":
         dtypes = lean.NATIVE_DTYPES
 
@@ -59,7 +67,7 @@ def main() -> None:
     from postrl.train.trainer import Trainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", required=True, choices=("draw", "layers", "between"))
+    parser.add_argument("--part", required=True, choices=("draw", "layers", "between", "amx"))
     parser.add_argument("--reps", type=int, default=8, help="calls each way")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))
     args = parser.parse_args()
@@ -67,20 +75,22 @@ def main() -> None:
         raise SystemExit("the native kernels are not available here")
     if args.part == "layers" and args.precision != "fp32":
         raise SystemExit("--part layers: the native decode layers run in float32 only")
-    if args.part == "between" and args.precision != "bf16-master":
-        raise SystemExit("--part between: float32 runs them either way; use bf16-master")
+    if args.part in ("between", "amx") and args.precision != "bf16-master":
+        raise SystemExit(f"--part {args.part}: a bf16 sampler's kernels; use bf16-master")
+    if args.part == "amx" and not native.native_kernels().amx:
+        raise SystemExit("--part amx: this CPU (or its kernel) gives no AMX tiles")
     trainer = Trainer(postrl_config(1, seed=0, precision=args.precision))
     engine = trainer.engine
     prompts = first_prompt_ids(trainer)
     switch = switches(args.part)
     times: dict[bool, list[float]] = {True: [], False: []}
     drawn: dict[bool, object] = {}
-    for native in alternating(args.reps):
-        switch(native)
+    for on in alternating(args.reps):
+        switch(on)
         start = time.perf_counter()
         rollouts = engine.generate(prompts, GROUP, trainer.sampling, seed=0)
-        times[native].append(time.perf_counter() - start)
-        drawn[native] = rollouts.response_ids
+        times[on].append(time.perf_counter() - start)
+        drawn[on] = rollouts.response_ids
         del rollouts  # its record's memory goes to the next call
     switch(True)
     same = drawn[True].shape == drawn[False].shape and bool((drawn[True] == drawn[False]).all())

@@ -40,3 +40,18 @@ def test_draw_and_layers_switch_off_and_on(tiny):
         layers(True)
     assert sampling.native_kernels() is not None
     assert lean.LeanWeights.of(model, torch.float32, rows=2).pointers is not None
+
+
+@pytest.mark.skipif(native.native_kernels() is None or not native.native_kernels().amx,
+                    reason="no AMX tiles here")
+def test_amx_switches_the_bf16_samplers_own_linears(tiny):
+    model, _ = tiny
+    switch = load_bench_script("native_generate_ab").switches("amx")
+    assert lean.LeanWeights.of(model, torch.bfloat16, rows=2).lm_head.native is not None
+    switch(False)
+    try:
+        weights = lean.LeanWeights.of(model, torch.bfloat16, rows=2)
+        assert weights.lm_head.native is None and weights.native is not None
+    finally:
+        switch(True)
+    assert lean.LeanWeights.of(model, torch.bfloat16, rows=2).lm_head.native is not None

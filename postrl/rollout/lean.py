@@ -5,10 +5,11 @@ adds, at every token, a ``torch.cat`` of the whole KV cache in every layer (quad
 length), a copy of keys and values repeated over each group's query heads (eager attention)
 and seven separately dispatched matmuls per layer whose weights oneDNN reorders at every call.
 Here, once per ``generate`` call, the projections are fused (q|k|v, gate|up), cast to the
-sampling dtype and reordered into oneDNN's blocked layout (in float32 on a CPU with AVX-512,
-packed for postrl's own kernels instead, which run all of a step's layers in one call once
-each row holds its own cache: :mod:`postrl.rollout.native`; on such a CPU a step's work
-between the linears is postrl's kernels in bf16 too); the cache is allocated once for the
+sampling dtype and reordered into oneDNN's blocked layout (on a CPU with AVX-512, packed for
+postrl's own kernels instead, :mod:`postrl.rollout.native`: in float32, and in bf16 where the
+CPU has AMX tiles; in float32 they run all of a step's layers in one call once each row holds
+its own cache, and on such a CPU a step's work between the linears is postrl's kernels in
+bf16 too); the cache is allocated once for the
 whole response, each token writes one column, and attention (postrl's kernel, PyTorch's
 fused kernel, or two batched matmuls around a softmax where those are faster) lets the query
 heads of a group read their shared key/value head without a repeated copy. A prompt's
@@ -33,7 +34,7 @@ from torch import Tensor, nn
 from postrl.models.layers import architecture_reason, rotate
 from postrl.models.precision import cpu_has_fast_bf16
 from postrl.models.recorded import RecordedForward
-from postrl.rollout.native import LayerPointers, NativeKernels, native_kernels
+from postrl.rollout.native import AMX_INPUTS, LayerPointers, NativeKernels, native_kernels
 
 # The dtypes whose work between the linears runs postrl's kernels (``decode.c``). Measured on
 # the AMX machine (SmolLM2, 4 prompts x 8, 64 new tokens; docs/performance.md): a bf16
@@ -51,8 +52,9 @@ def unsupported_reason(model) -> str | None:
 
 class Linear:
     """``x W^T + b`` with ``W`` (the row-concatenation of ``weights``) cast to ``dtype`` and
-    packed once: for ``native``, postrl's own float32 kernels (:mod:`postrl.rollout.native`),
-    when given, else, where oneDNN is available, reordered into its blocked layout for
+    packed once for the fastest kernel here: with ``native`` (:mod:`postrl.rollout.native`),
+    postrl's own in float32 (``gemm.c``), and in bf16 on a CPU with AMX tiles (``amx.c``;
+    inputs of a multiple of 32); else, where oneDNN is available, its blocked layout for
     ``rows``-row inputs."""
 
     def __init__(self, weights: list[Tensor], biases: list[Tensor | None], dtype: torch.dtype,
@@ -60,8 +62,12 @@ class Linear:
         self.bias = (None if biases[0] is None
                      else torch.cat([b.detach() for b in biases]).to(dtype))
         self.out_features = sum(w.shape[0] for w in weights)
-        self.native = native
+        self.native = native if native is not None and _native_linear(
+            native, dtype, weights[0].shape[1]) else None
         self.packed = self.native is None and _packable(dtype)
+        if self.native is not None and dtype == torch.bfloat16:
+            self.weight = self.native.amx_pack(weights)  # cast and packed in one pass
+            return
         if self.native is not None:  # packed from the weights themselves, without a copy
             self.weight, self.bias = self.native.pack(weights), self.native.pad_bias(self.bias)
             return
@@ -75,6 +81,8 @@ class Linear:
         """``x [..., in]`` times the weight, ``[..., out]``; with ``out`` (``[rows, out]``,
         contiguous: a record's slots) the product is also written there, by postrl's linear
         itself (then the result is ``out``'s view) or by a copy."""
+        if self.native is not None and self.weight.dtype == torch.bfloat16:
+            return self.native.amx_linear(x, self.weight, self.bias, self.out_features, out)
         if self.native is not None:
             return self.native.linear(x, self.weight, self.bias, self.out_features, out)
         if self.packed:
@@ -84,6 +92,13 @@ class Linear:
         if out is not None:
             out.copy_(y.reshape(out.shape))
         return y
+
+
+def _native_linear(native: NativeKernels, dtype: torch.dtype, in_features: int) -> bool:
+    """Whether postrl's own linear multiplies ``dtype`` inputs of ``in_features`` here."""
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and native.amx and in_features % AMX_INPUTS == 0
 
 
 def _packable(dtype: torch.dtype) -> bool:
@@ -122,7 +137,8 @@ class LeanWeights:
     head_dim: int
     dtype: torch.dtype
     # postrl's own kernels, where available: between the linears in float32 and bf16, the
-    # linears themselves (``Linear``) and whole decode steps (``pointers``) in float32 only
+    # linears themselves in float32 and, with AMX, bf16 (``Linear``), whole decode steps
+    # (``pointers``) in float32 only
     native: NativeKernels | None = None
     pointers: LayerPointers | None = None  # the layers, for ``native.decode_layers``
 
@@ -132,8 +148,7 @@ class LeanWeights:
         config, body = model.config, model.model
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         native = native_kernels() if dtype in NATIVE_DTYPES else None
-        gemm = native if dtype == torch.float32 else None  # bf16 linears: oneDNN's (AMX)
-        linear = functools.partial(Linear, dtype=dtype, rows=rows, native=gemm)
+        linear = functools.partial(Linear, dtype=dtype, rows=rows, native=native)
         layers = []
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -149,7 +164,7 @@ class LeanWeights:
         norm = body.norm.weight.detach().to(dtype)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         pointers = None
-        if gemm is not None:
+        if native is not None and dtype == torch.float32:
             linears = [[(m.weight, m.bias) for m in (layer.qkv, layer.out, layer.gate_up,
                                                      layer.down)] for layer in layers]
             norms = [n.contiguous() for layer in layers

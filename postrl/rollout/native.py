@@ -6,6 +6,9 @@ or bf16.
   linear leaves about a fifth of its time on the table; measured on an AVX-512 CPU (2 cores,
   SmolLM2's 121 linears of one decode step, the weights streamed from memory), ``gemm.c``
   takes 0.78-0.85× its time at 2 to 32 rows.
+- ``amx.c``, the bf16 linear layers on a CPU with AMX tiles: at a decode step's rows
+  oneDNN's packed bf16 linear reads the weights well below the memory's rate (SmolLM2's 121
+  linears at 32 rows: 20 ms a step against 14 for ``amx.c``, docs/performance.md).
 - ``decode.c``, what a decode step does between the linears: the rotary embedding with the
   new keys and values stored into the cache, the residual add with its RMSNorm, SiLU(gate) ·
   up, and the attention over each row's own columns, one call each per layer instead of
@@ -49,12 +52,13 @@ from torch import Tensor
 from postrl.models.loading import cache_dir as postrl_cache
 
 SOURCES = (*(Path(__file__).with_name(name)
-             for name in ("gemm.c", "decode.c", "sample.c", "step.c")),
+             for name in ("gemm.c", "amx.c", "decode.c", "sample.c", "step.c")),
            *(Path(__file__).parents[1] / "models" / name  # the training forward's
              for name in ("fused.c", "vocab.c")))
 HEADERS = (Path(__file__).with_name("simd.h"),)  # included by the sources
 SWITCH = "POSTRL_NATIVE_KERNELS"  # "0": never use them
 PANEL = 32  # output columns per packed panel (gemm.c's NR)
+AMX_INPUTS = 32  # amx.c's tiles take the inputs 32 at a time
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 
 
@@ -70,12 +74,11 @@ def bind(library: ctypes.CDLL, name: str, *argtypes):
 
 
 class NativeKernels:
-    """The loaded library: :meth:`pack` a weight once, then :meth:`linear` multiplies by it;
+    """The loaded library: :meth:`pack` a weight once, then :meth:`linear` multiplies by it
+    (float32); where ``amx``, :meth:`amx_pack` and :meth:`amx_linear` the same in bf16;
     :meth:`rms_norm`, :meth:`add_rms_norm`, :meth:`silu_mul`, :meth:`rotate_store`,
-    :meth:`attend_rows`, :meth:`sample`; :meth:`decode_layers` runs a decode step's layers.
-    CPU tensors; float32 only but for the work between the linears (:meth:`rms_norm`,
-    :meth:`add_rms_norm`, :meth:`silu_mul`, :meth:`rotate_store`, :meth:`attend_rows`), which
-    take float32 or bf16."""
+    :meth:`attend_rows` (float32 or bf16), :meth:`sample`; :meth:`decode_layers` runs a
+    float32 decode step's layers. CPU tensors."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library  # postrl.models.fused binds the training kernels' functions
@@ -104,6 +107,13 @@ class NativeKernels:
         self._attend_rows = bind(library, "postrl_attend_rows", pointer, size, pointer,
                                  pointer, size, size, pointer, size, pointer, size, size,
                                  size, size, size, real, count, count)
+        self._amx_pack = bind(library, "postrl_amx_pack", pointer, pointer, size, size, count)
+        self._amx_linear = bind(library, "postrl_amx_linear", pointer, size, size, pointer,
+                                pointer, size, pointer, count)
+        available = library.postrl_amx_available
+        available.argtypes, available.restype = [], ctypes.c_int
+        # AMX tiles: built for (``-march=native`` on a CPU with AMX-BF16) and granted by Linux
+        self.amx = bool(available())
 
     def pack(self, weights: list[Tensor]) -> Tensor:
         """The row-concatenation of ``weights`` (each ``[out, in]``) as float32 panels of 32
@@ -143,6 +153,47 @@ class NativeKernels:
         self._linear(rows.data_ptr(), rows.shape[0], in_features, packed.data_ptr(),
                      None if bias is None else bias.data_ptr(), out_features, out.data_ptr(),
                      torch.get_num_threads())
+        return out.view(*leading, out_features)
+
+    def amx_pack(self, weights: list[Tensor]) -> Tensor:
+        """The row-concatenation of ``weights`` (each ``[out, in]``, ``in`` a multiple of 32)
+        in bf16 as ``amx.c``'s tiles: panels of 16 outputs (zero-padded), 32 inputs a tile."""
+        weight = (weights[0] if len(weights) == 1 else torch.cat(weights)).detach()
+        weight = weight.to(torch.bfloat16).contiguous()
+        out_features, in_features = weight.shape
+        if not self.amx or in_features % AMX_INPUTS:
+            raise ValueError(f"native amx_pack: AMX and inputs of a multiple of {AMX_INPUTS} "
+                             f"needed, got {in_features} (AMX {'on' if self.amx else 'off'})")
+        packed = torch.empty(-(-out_features // 16) * 16 * in_features, dtype=torch.bfloat16)
+        self._amx_pack(weight.data_ptr(), packed.data_ptr(), out_features, in_features,
+                       torch.get_num_threads())
+        return packed
+
+    def amx_linear(self, x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int,
+                   out: Tensor | None = None) -> Tensor:
+        """``x [..., in] W^T + bias`` in bf16 for a ``W`` packed by :meth:`amx_pack`,
+        ``[..., out_features]``; written into ``out`` (contiguous, ``[rows, out_features]``)
+        when given."""
+        leading, in_features = x.shape[:-1], x.shape[-1]
+        rows = x.reshape(-1, in_features).contiguous()
+        shape = (rows.shape[0], out_features)
+        if (rows.dtype != torch.bfloat16 or in_features % AMX_INPUTS
+                or packed.numel() != -(-out_features // 16) * 16 * in_features
+                or (bias is not None and (bias.dtype != torch.bfloat16
+                                          or bias.shape != (out_features,)
+                                          or not bias.is_contiguous()))):
+            raise ValueError(f"native amx_linear: bf16 rows of a packed [{out_features}, "
+                             f"{in_features}] weight expected, got {rows.dtype} rows of "
+                             f"{in_features}")
+        if out is None:
+            out = torch.empty(shape, dtype=torch.bfloat16)
+        elif out.shape != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
+            raise ValueError(f"native amx_linear: out must be a contiguous bf16 {shape}, "
+                             f"got {out.dtype} {tuple(out.shape)}")
+        if rows.shape[0]:
+            self._amx_linear(rows.data_ptr(), rows.shape[0], in_features, packed.data_ptr(),
+                             None if bias is None else bias.data_ptr(),
+                             out_features, out.data_ptr(), torch.get_num_threads())
         return out.view(*leading, out_features)
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:

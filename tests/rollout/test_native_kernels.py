@@ -230,15 +230,18 @@ def test_masked_columns_weigh_exactly_nothing(masked, dtype):
 
 
 @needs_native
-def test_the_lean_sampler_runs_their_linears_in_float32_only(tiny):
-    """float32 runs every kernel; bf16 its work between the linears, and oneDNN's linears."""
+def test_the_lean_sampler_runs_them_where_they_apply(tiny):
+    """float32 runs every kernel; bf16 its work between the linears, and its own linears
+    where the CPU has AMX tiles (else oneDNN's); other dtypes none."""
     model, _ = tiny
     fp32 = LeanWeights.of(model, torch.float32, rows=4)
     bf16 = LeanWeights.of(model, torch.bfloat16, rows=4)
     assert fp32.native is not None and fp32.lm_head.native is not None
     assert fp32.layers[0].qkv.native is not None and fp32.pointers is not None
     assert bf16.native is not None and bf16.pointers is None
-    assert bf16.lm_head.native is None and bf16.layers[0].qkv.native is None
+    amx = native.native_kernels().amx
+    assert (bf16.lm_head.native is not None) == amx
+    assert (bf16.layers[0].qkv.native is not None) == amx
     assert LeanWeights.of(model, torch.float16, rows=4).native is None
 
 

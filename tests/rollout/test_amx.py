@@ -1,0 +1,77 @@
+"""``amx.c``: the bf16 sampler's linear layers on AMX tiles, against a float32 product rounded
+once (and PyTorch's bf16 linear); their packing; the lean sampler's use of them."""
+
+import pytest
+import torch
+
+from postrl.rollout import native
+from postrl.rollout.lean import Linear
+
+kernels = native.native_kernels()
+needs_amx = pytest.mark.skipif(kernels is None or not kernels.amx,
+                               reason="no native kernels or no AMX tiles here")
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The product in float32, plus the bias, rounded to bf16 once."""
+    y = x.float() @ weight.float().t()
+    return (y if bias is None else y + bias.float()).bfloat16()
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 32, 33, 70])
+@pytest.mark.parametrize("outputs", [16, 40, 960])
+@pytest.mark.parametrize("inputs", [32, 64, 576])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_amx_linear_is_the_float32_product_rounded_once(rows, outputs, inputs, with_bias):
+    """Rows in blocks of 32 and their remainders, outputs in pairs of 16-wide panels and a
+    lone or partial one, inputs in tiles of 32: within a rounding of the float32 product
+    (the sums' order differs), and in practice PyTorch's bf16 linear to the bit."""
+    generator = torch.Generator().manual_seed(rows * outputs + inputs)
+    x = torch.randn(rows, inputs, generator=generator).bfloat16()
+    parts = [torch.randn(outputs - outputs // 3, inputs, generator=generator).bfloat16(),
+             torch.randn(outputs // 3, inputs, generator=generator).bfloat16()]
+    weight = torch.cat(parts)
+    bias = torch.randn(outputs, generator=generator).bfloat16() if with_bias else None
+    packed = kernels.amx_pack(parts)
+    y = kernels.amx_linear(x, packed, bias, outputs)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, outputs)
+    torch.testing.assert_close(y, reference(x, weight, bias), rtol=2**-7, atol=2**-7)
+    same = torch.nn.functional.linear(x, weight, bias)
+    assert (y != same).float().mean() < 0.01
+
+
+@needs_amx
+def test_it_packs_float32_weights_writes_into_a_given_output_and_refuses_what_it_cannot_run():
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 64, generator=generator)  # float32: cast while packing
+    x = torch.randn(2, 3, 64, generator=generator).bfloat16()
+    packed = kernels.amx_pack([weight])
+    slots = torch.zeros(10, 48, dtype=torch.bfloat16)
+    y = kernels.amx_linear(x, packed, None, 48, out=slots[4:10])
+    assert y.shape == (2, 3, 48) and y.data_ptr() == slots[4].data_ptr()
+    assert torch.equal(slots[:4], torch.zeros(4, 48, dtype=torch.bfloat16))
+    torch.testing.assert_close(slots[4:], reference(x.view(6, 64), weight.bfloat16(), None),
+                               rtol=2**-7, atol=2**-7)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernels.amx_pack([torch.randn(16, 48)])
+    with pytest.raises(ValueError, match="native amx_linear"):
+        kernels.amx_linear(x.float(), packed, None, 48)
+    with pytest.raises(ValueError, match="out must be"):
+        kernels.amx_linear(x, packed, None, 48, out=slots[:6, :40])
+    assert kernels.amx_linear(x[:0], packed, None, 48).shape == (0, 3, 48)
+
+
+@needs_amx
+def test_the_lean_linear_takes_them_for_inputs_of_a_multiple_of_32_only():
+    """Other input widths keep oneDNN's linear, with the same result."""
+    generator = torch.Generator().manual_seed(1)
+    for inputs, own in ((64, True), (40, False)):
+        weights = [torch.randn(24, inputs, generator=generator) for _ in range(2)]
+        biases = [torch.randn(24, generator=generator) for _ in range(2)]
+        linear = Linear(weights, biases, torch.bfloat16, rows=4, native=kernels)
+        assert (linear.native is not None) == own
+        x = torch.randn(4, inputs, generator=generator).bfloat16()
+        torch.testing.assert_close(linear(x), reference(x, torch.cat(weights).bfloat16(),
+                                                        torch.cat(biases).bfloat16()),
+                                   rtol=2**-7, atol=2**-7)
