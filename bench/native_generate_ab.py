@@ -5,9 +5,9 @@ process, over whole ``generate`` calls.
                                        [--precision fp32|bf16-master]
 
 ``draw``: the draw from the logits (softmax, cumulative sum and search over the vocabulary)
-by ``postrl/rollout/sample.c`` against PyTorch's. ``layers``: a float32 decode step's layers
-in one call (``postrl/rollout/step.c``) against the Python loop over the same kernels
-(float32 only). ``between``: a bf16 sampler's work between its linears (RMSNorm, the
+by ``postrl/rollout/sample.c`` against PyTorch's. ``layers``: a decode step's layers in one
+call (``postrl/rollout/step.c``) against the Python loop over the same kernels (float32, or
+bf16 on a CPU with AMX tiles). ``between``: a bf16 sampler's work between its linears (RMSNorm, the
 residual adds, SiLU · up, the rotation with the cache's new column, attention) by
 ``postrl/rollout/decode.c`` against PyTorch's operations (bf16-master only). ``amx``: a bf16
 sampler's linears by ``postrl/rollout/amx.c`` against oneDNN's (bf16-master, on a CPU with
@@ -73,8 +73,8 @@ def main() -> None:
     args = parser.parse_args()
     if sampling.native_kernels() is None:
         raise SystemExit("the native kernels are not available here")
-    if args.part == "layers" and args.precision != "fp32":
-        raise SystemExit("--part layers: the native decode layers run in float32 only")
+    if args.part == "layers" and args.precision != "fp32" and not native.native_kernels().amx:
+        raise SystemExit("--part layers: a bf16 decode step runs in one call with AMX only")
     if args.part in ("between", "amx") and args.precision != "bf16-master":
         raise SystemExit(f"--part {args.part}: a bf16 sampler's kernels; use bf16-master")
     if args.part == "amx" and not native.native_kernels().amx:

@@ -137,8 +137,8 @@ class LeanWeights:
     head_dim: int
     dtype: torch.dtype
     # postrl's own kernels, where available: between the linears in float32 and bf16, the
-    # linears themselves in float32 and, with AMX, bf16 (``Linear``), whole decode steps
-    # (``pointers``) in float32 only
+    # linears themselves in float32 and, with AMX, bf16 (``Linear``), and whole decode steps
+    # (``pointers``) where every layer's linears are theirs
     native: NativeKernels | None = None
     pointers: LayerPointers | None = None  # the layers, for ``native.decode_layers``
 
@@ -164,7 +164,8 @@ class LeanWeights:
         norm = body.norm.weight.detach().to(dtype)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         pointers = None
-        if native is not None and dtype == torch.float32:
+        own = [m for layer in layers for m in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+        if native is not None and all(m.native is not None for m in own):  # postrl's linears
             linears = [[(m.weight, m.bias) for m in (layer.qkv, layer.out, layer.gate_up,
                                                      layer.down)] for layer in layers]
             norms = [n.contiguous() for layer in layers

@@ -99,7 +99,7 @@ class NativeKernels:
         self._decode_layers = bind(library, "postrl_decode_layers", size, pointer,
                                    pointer, pointer, pointer, pointer, pointer, pointer,
                                    pointer, real, pointer, pointer, size, size, size, size,
-                                   size, pointer, size, real, pointer, pointer, count)
+                                   size, pointer, size, real, pointer, pointer, count, count)
         self._decode_scratch = library.postrl_decode_scratch
         self._decode_scratch.argtypes, self._decode_scratch.restype = [pointer], size
         self._sample = bind(library, "postrl_sample", pointer, size, size, size, real,
@@ -294,12 +294,13 @@ class NativeKernels:
         columns, dim]``, attended up to that column under ``mask [rows, columns]``), each
         linear's output into ``outputs`` (its address per layer and kind, ``[rows, width]``
         each: a record's slots) when given; the stream after the final norm, ``[rows,
-        width]``. The same kernels in the same order as the lean sampler's layer loop."""
+        width]``. The same kernels in the same order as the lean sampler's layer loop; every
+        tensor in ``layers``' dtype (float32, or bf16 with ``amx.c``'s linears)."""
         rows, width = hidden.shape
         dim = keys.shape[-1]
         columns = column + 1
-        if not (hidden.dtype == keys.dtype == values.dtype == mask.dtype == cos.dtype
-                == sin.dtype == torch.float32 and hidden.is_contiguous()
+        if not (_same_dtype(hidden, keys, values, mask, cos, sin)
+                and hidden.dtype == layers.dtype and hidden.is_contiguous()
                 and width == layers.width and keys.shape == values.shape
                 and keys.stride() == values.stride() and keys.shape[:2] == (layers.count, rows)
                 and keys.shape[2:] == (layers.kv_heads, keys.shape[3], layers.head_dim)
@@ -308,13 +309,14 @@ class NativeKernels:
                 and sin.is_contiguous() and mask.shape[0] == rows
                 and mask.shape[1] >= columns and mask.stride(1) == 1
                 and (outputs is None or len(outputs) == len(layers.weights))):
-            raise ValueError(f"native decode_layers: float32 decode-step layouts expected, got "
-                             f"hidden {tuple(hidden.shape)}, keys {tuple(keys.shape)} "
+            raise ValueError(f"native decode_layers: {layers.dtype} decode-step layouts "
+                             f"expected, got hidden {hidden.dtype} {tuple(hidden.shape)}, "
+                             f"keys {keys.dtype} {tuple(keys.shape)} "
                              f"{keys.stride()}, cos {tuple(cos.shape)}, mask "
                              f"{tuple(mask.shape)}, column {column}")
         sizes = (ctypes.c_int64 * 6)(rows, width, layers.heads, layers.kv_heads, dim,
                                      layers.inner)
-        scratch = torch.empty(self._decode_scratch(sizes), dtype=torch.float32)
+        scratch = torch.empty(self._decode_scratch(sizes), dtype=hidden.dtype)
         normed = torch.empty_like(hidden)
         record = None if outputs is None else (ctypes.c_void_p * len(outputs))(*outputs)
         self._decode_layers(layers.count, sizes, hidden.data_ptr(), normed.data_ptr(),
@@ -322,7 +324,7 @@ class NativeKernels:
                             layers.norms, layers.eps, keys.data_ptr(), values.data_ptr(),
                             keys.stride(0), keys.stride(1), keys.stride(2), column, columns,
                             mask.data_ptr(), mask.stride(0), dim ** -0.5, record,
-                            scratch.data_ptr(), torch.get_num_threads())
+                            scratch.data_ptr(), _bf16(hidden), torch.get_num_threads())
         return normed
 
     def sample(self, logits: Tensor, temperature: float, draws: Tensor, with_entropy: bool
@@ -366,9 +368,10 @@ def _bf16(tensor: Tensor) -> int:
 @dataclass
 class LayerPointers:
     """A model's packed weights as :meth:`NativeKernels.decode_layers` reads them: per layer
-    its four linears' packed weights and padded biases (``postrl/rollout/step.c``'s order:
-    q|k|v, output, gate|up, down) and its two norms, then the final norm. Holds the
-    tensors, so the addresses stay valid while it lives."""
+    its four linears' packed weights and biases (``postrl/rollout/step.c``'s order: q|k|v,
+    output, gate|up, down) and its two norms, then the final norm; float32 (``gemm.c``'s
+    panels, padded biases) or bf16 (``amx.c``'s tiles). Holds the tensors, so the addresses
+    stay valid while it lives."""
 
     tensors: list[Tensor | None]
     weights: ctypes.Array
@@ -381,20 +384,22 @@ class LayerPointers:
     head_dim: int
     inner: int
     eps: float
+    dtype: torch.dtype  # the norms', and so the layers' and their activations'
 
     @classmethod
     def of(cls, linears: list[list[tuple[Tensor, Tensor | None]]], norms: list[Tensor],
            heads: int, kv_heads: int, head_dim: int, inner: int, eps: float
            ) -> LayerPointers:
-        """``linears``: per layer, ``(packed weight, padded bias or None)`` of each of its
-        four linears; ``norms``: each layer's input and post-attention norm weights, then
-        the final norm's (float32, contiguous)."""
+        """``linears``: per layer, ``(packed weight, its bias or None)`` of each of its four
+        linears; ``norms``: each layer's input and post-attention norm weights, then the
+        final norm's (contiguous, all float32 or all bf16)."""
         pairs = [pair for layer in linears for pair in layer]
         if any(len(layer) != 4 for layer in linears) or len(norms) != 2 * len(linears) + 1:
             raise ValueError("native decode layers: four linears and two norms per layer, "
                              "and a final norm, expected")
-        if any(n.dtype != torch.float32 or not n.is_contiguous() for n in norms):
-            raise ValueError("native decode layers: contiguous float32 norm weights expected")
+        if not _same_dtype(*norms) or any(not n.is_contiguous() for n in norms):
+            raise ValueError("native decode layers: contiguous norm weights, all float32 or "
+                             "all bf16, expected")
 
         def addresses(tensors):
             return (ctypes.c_void_p * len(tensors))(
@@ -403,7 +408,7 @@ class LayerPointers:
         return cls([t for pair in pairs for t in pair] + list(norms),
                    addresses([w for w, _ in pairs]), addresses([b for _, b in pairs]),
                    addresses(norms), len(linears), norms[0].shape[0], heads, kv_heads,
-                   head_dim, inner, eps)
+                   head_dim, inner, eps, norms[0].dtype)
 
 
 def native_kernels() -> NativeKernels | None:
