@@ -249,8 +249,9 @@ def lm_head_chunks(model) -> Callable[..., Tensor]:
     input embedding: the embedding lookup then still reaches the weight's own gradient
     accumulator after every chunk (the lookup comes first in the forward, last in the
     backward), so hooks on the weight, such as ``bf16-master``'s, still see the whole
-    gradient. Not under data-parallel wrappers, which watch the weight's own accumulator.
-    Anything else gets the plain head.
+    gradient. Not under data-parallel wrappers, which watch the weight's own accumulator, nor
+    for ``torch.autograd.grad`` (the chunks write ``.grad`` as ``backward()`` does). Anything
+    else gets the plain head.
     """
     head = model.lm_head
     if not (_trained_tied_embedding(model) and type(head) is nn.Linear and head.bias is None

@@ -64,8 +64,9 @@ class Linear:
         self.out_features = sum(w.shape[0] for w in weights)
         self.native = native if native is not None and _native_linear(
             native, dtype, weights[0].shape[1]) else None
+        self.amx = self.native is not None and dtype == torch.bfloat16
         self.packed = self.native is None and _packable(dtype)
-        if self.native is not None and dtype == torch.bfloat16:
+        if self.amx:
             self.weight = self.native.amx_pack(weights)  # cast and packed in one pass
             return
         if self.native is not None:  # packed from the weights themselves, without a copy
@@ -81,7 +82,7 @@ class Linear:
         """``x [..., in]`` times the weight, ``[..., out]``; with ``out`` (``[rows, out]``,
         contiguous: a record's slots) the product is also written there, by postrl's linear
         itself (then the result is ``out``'s view) or by a copy."""
-        if self.native is not None and self.weight.dtype == torch.bfloat16:
+        if self.amx:
             return self.native.amx_linear(x, self.weight, self.bias, self.out_features, out)
         if self.native is not None:
             return self.native.linear(x, self.weight, self.bias, self.out_features, out)

@@ -1,6 +1,6 @@
-"""postrl's own kernels, in C, compiled on first use: the lean sampler's (float32, and its
-work between the linears in bf16 too), and the training forward's element-wise work in float32
-or bf16.
+"""postrl's own kernels, in C, compiled on first use: the lean sampler's (float32, and bf16:
+its work between the linears, and its linears where the CPU has AMX tiles), and the training
+forward's element-wise work in float32 or bf16.
 
 - ``gemm.c``, the linear layers: at a decode step's 1 to 32 rows oneDNN's packed float32
   linear leaves about a fifth of its time on the table; measured on an AVX-512 CPU (2 cores,
@@ -14,8 +14,9 @@ or bf16.
   up, and the attention over each row's own columns, one call each per layer instead of
   PyTorch's several small operations (RMSNorm and attention alone: 0.92× the time of a decode
   step with both in PyTorch, at 2 to 32 rows).
-- ``step.c``, a decode step's layers in one call: ``decode.c``'s and ``gemm.c``'s kernels in
-  the order the lean sampler's loop calls them, without that loop's Python in between.
+- ``step.c``, a decode step's layers in one call: ``decode.c``'s and ``gemm.c``'s (or, in
+  bf16, ``amx.c``'s) kernels in the order the lean sampler's loop calls them, without that
+  loop's Python in between.
 - ``sample.c``, the sampling step (temperature, no truncation): a token per row drawn from its
   uniform by inversion, its log-probability and the entropy, three reading passes per row
   instead of PyTorch's softmax, float64 cumulative sum and search.
@@ -78,7 +79,7 @@ class NativeKernels:
     (float32); where ``amx``, :meth:`amx_pack` and :meth:`amx_linear` the same in bf16;
     :meth:`rms_norm`, :meth:`add_rms_norm`, :meth:`silu_mul`, :meth:`rotate_store`,
     :meth:`attend_rows` (float32 or bf16), :meth:`sample`; :meth:`decode_layers` runs a
-    float32 decode step's layers. CPU tensors."""
+    decode step's layers (float32, or bf16 with the AMX linears). CPU tensors."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library  # postrl.models.fused binds the training kernels' functions
