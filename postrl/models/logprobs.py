@@ -266,11 +266,17 @@ def lm_head_chunks(model) -> Callable[..., Tensor]:
 
 class _HeadChunk(torch.autograd.Function):
     """``hidden W^T`` for the head ``head`` (or its value ``output``, already known); the
-    backward adds ``dy^T hidden`` into ``W.grad`` itself and returns only ``dy W``."""
+    backward adds ``dy^T hidden`` into ``W.grad`` itself and returns only ``dy W``. Under
+    autocast both multiply in autocast's dtype, as ``F.linear`` would, and the weight's
+    gradient is added into its float32 ``.grad`` from there."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, output: Tensor | None, head: nn.Linear) -> Tensor:
         weight = head.weight.detach()  # shares the version counter: in-place edits are caught
+        device = hidden.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            hidden, weight = hidden.to(dtype), weight.to(dtype)
         ctx.save_for_backward(hidden, weight)
         ctx.head = head
         return F.linear(hidden, weight) if output is None else output.view_as(output)
@@ -279,12 +285,15 @@ class _HeadChunk(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         hidden, weight = ctx.saved_tensors
         parameter = ctx.head.weight
+        grad = grad.to(weight.dtype)
         flat = grad.reshape(-1, grad.shape[-1]).t()
         inputs = hidden.reshape(-1, hidden.shape[-1])
         if parameter.grad is None:
-            parameter.grad = flat @ inputs
-        else:
+            parameter.grad = (flat @ inputs).to(parameter.dtype)
+        elif parameter.dtype == flat.dtype:
             parameter.grad.addmm_(flat, inputs)
+        else:  # autocast: the product in its dtype, the sum in the weight's
+            parameter.grad.add_(flat @ inputs)
         return grad @ weight, None, None
 
 

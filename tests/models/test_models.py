@@ -125,6 +125,31 @@ def test_in_place_head_gradients_equal_autograd_and_reach_the_weights_own_hooks(
         assert lm_head_chunks(model) is model.lm_head
 
 
+def test_in_place_head_gradients_under_autocast_are_autograds(tiny):
+    """``precision=bf16``: the chunks multiply in bf16 as autocast's ``F.linear`` does, and
+    their weight gradients reach the float32 weight's ``.grad``. Autograd sums the chunks'
+    bf16 weight gradients in bf16 (autocast casts the weight once for all of them) before
+    the float32 cast, the in-place chunks in float32: the tied weight's gradients agree to
+    a bf16 rounding, every other gradient to float32's."""
+    model, tokenizer = tiny
+    batch = batch_of(tokenizer)
+    grads = []
+    for in_place in (False, True):
+        model.zero_grad(set_to_none=True)
+        with sparse_embedding_grad(model), torch.autocast("cpu", dtype=torch.bfloat16):
+            logp, _ = response_logprobs(model, batch, chunk_rows=1,
+                                        head_grad_in_place=in_place)
+        (logp * torch.arange(1.0, 4.0)).sum().backward()
+        grads.append({n: p.grad.to_dense().clone() for n, p in model.named_parameters()})
+    model.zero_grad(set_to_none=True)
+    head = "model.embed_tokens.weight"
+    assert grads[1][head].dtype == torch.float32 and grads[1][head].abs().sum() > 0
+    for name in grads[0]:
+        tolerance = 2**-8 if name == head else 1e-5
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=tolerance,
+                                   rtol=tolerance, msg=name)
+
+
 def test_local_directory_round_trip(tiny, tmp_path):
     model, tokenizer = tiny
     save_policy(model, tokenizer, tmp_path / "m")

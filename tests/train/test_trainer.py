@@ -162,6 +162,20 @@ def test_bf16_master_trains_float32_masters_through_a_bf16_working_copy(tmp_path
         assert all(p.dtype == torch.float32 for p in trainer.critic.parameters())
 
 
+def test_bf16_autocast_trains_the_float32_weights(tmp_path):
+    """``precision=bf16``: float32 weights, bf16 matmuls under autocast, the tied LM head's
+    chunk gradients added into the float32 weight's gradient (a bf16 gradient there once
+    stopped the update)."""
+    trainer = Trainer(tiny_config(tmp_path, "grpo", "precision=bf16", "steps=2"))
+    head = trainer.lm.lm_head.weight
+    before = head.detach().clone()
+    trainer.train()
+    rows = read_metrics(tmp_path / "grpo")
+    assert len(rows) == 2
+    assert all(r["loss/total"] == r["loss/total"] and r["grad/norm"] > 0 for r in rows)
+    assert head.dtype == torch.float32 and not torch.equal(before, head.detach())
+
+
 def test_several_updates_per_batch_go_off_policy(tmp_path):
     """With 2 epochs x 2 minibatches the old log-probs are computed once, before the first
     update; later updates see ratios != 1, so GSPO's tiny clip range becomes active."""
