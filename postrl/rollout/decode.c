@@ -9,9 +9,9 @@
  * into the KV cache's column; the residual add with the RMSNorm after it, in one pass per
  * row; SiLU(gate) * up; the attention of each row's queries over its own cached columns, the
  * G query heads of a group reading their shared key/value head, with the softmax in float32
- * as PyTorch's kernels compute it. In bf16 each result is rounded where PyTorch's bf16
- * operations round it: the residual sum, the norm after its weight, SiLU and its product, the
- * rotated heads, the attention's output.
+ * as PyTorch's kernels compute it. In bf16 the arithmetic is float32, rounded to bf16 where a
+ * result is stored: the residual sum, the norm after its weight, SiLU and its product, the
+ * rotated heads (PyTorch's bf16 rotation also rounds its products), the attention's output.
  */
 #include <math.h>
 
