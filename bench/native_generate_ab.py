@@ -7,15 +7,16 @@ process, over whole ``generate`` calls.
 ``draw``: the draw from the logits (softmax, cumulative sum and search over the vocabulary)
 by ``postrl/rollout/sample.c`` against PyTorch's. ``layers``: a decode step's layers in one
 call (``postrl/rollout/step.c``) against the Python loop over the same kernels (float32, or
-bf16 on a CPU with AMX tiles). ``between``: a bf16 sampler's work between its linears (RMSNorm, the
-residual adds, SiLU · up, the rotation with the cache's new column, attention) by
-``postrl/rollout/decode.c`` against PyTorch's operations (bf16-master only). ``amx``: a bf16
-sampler's linears by ``postrl/rollout/amx.c`` against oneDNN's (bf16-master, on a CPU with
-AMX tiles). ``bench/vs_trl.py``'s first prompts (SmolLM2, 4 prompts x 8, 64 new tokens):
-``generate`` ``reps`` times each way (ABBA order) with the same seed, recording as the
-trainer does, so both ways draw the same tokens; medians over the calls but the first two,
-and whether the two ways drew the same tokens (they may not where a uniform falls within
-float rounding of a boundary). Everything else runs as the trainer runs it.
+bf16 on a CPU with AMX tiles). ``between``: a bf16 sampler's work between its linears
+(RMSNorm, the residual adds, SiLU · up, the rotation with the cache's new column, attention)
+by ``postrl/rollout/decode.c`` against PyTorch's operations, the linears the same either way
+(bf16-master only; off, the step runs as the Python loop). ``amx``: a bf16 sampler's linears
+by ``postrl/rollout/amx.c`` against oneDNN's (bf16-master, on a CPU with AMX tiles).
+``bench/vs_trl.py``'s first prompts (SmolLM2, 4 prompts x 8, 64 new tokens): ``generate``
+``reps`` times each way (ABBA order) with the same seed, recording as the trainer does, so
+both ways draw the same tokens; medians over the calls but the first two, and whether the two
+ways drew the same tokens (they may not where a uniform falls within float rounding of a
+boundary). Everything else runs as the trainer runs it.
 """
 
 from __future__ import annotations
@@ -45,13 +46,16 @@ def switches(part: str):
         def tiles(on: bool) -> None:
             kernels.amx = amx if on else False
         return tiles
+    weights_of = lean.LeanWeights.of
     if part == "between":
-        dtypes = lean.NATIVE_DTYPES
+        def without_between(model, dtype, rows):
+            weights = weights_of(model, dtype, rows)
+            return (weights if dtype != torch.bfloat16
+                    else dataclasses.replace(weights, native=None, pointers=None))
 
         def between(on: bool) -> None:
-            lean.NATIVE_DTYPES = dtypes if on else (torch.float32,)
+            lean.LeanWeights.of = weights_of if on else without_between
         return between
-    weights_of = lean.LeanWeights.of
 
     def layers(on: bool) -> None:
         lean.LeanWeights.of = weights_of if on else (

@@ -13,12 +13,17 @@ needs_native = pytest.mark.skipif(native.native_kernels() is None, reason="no na
 
 @needs_native
 def test_between_switches_the_bf16_samplers_work_between_its_linears(tiny):
+    """Off, a bf16 sampler runs PyTorch's operations between its linears (and so no step in
+    one call), its linears as they were; float32 keeps every kernel."""
     model, _ = tiny
     switch = load_bench_script("native_generate_ab").switches("between")
-    assert lean.LeanWeights.of(model, torch.bfloat16, rows=2).native is not None
+    on = lean.LeanWeights.of(model, torch.bfloat16, rows=2)
+    assert on.native is not None
     switch(False)
     try:
-        assert lean.LeanWeights.of(model, torch.bfloat16, rows=2).native is None
+        off = lean.LeanWeights.of(model, torch.bfloat16, rows=2)
+        assert off.native is None and off.pointers is None
+        assert (off.lm_head.native is None) == (on.lm_head.native is None)
         assert lean.LeanWeights.of(model, torch.float32, rows=2).native is not None
     finally:
         switch(True)
