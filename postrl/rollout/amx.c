@@ -9,6 +9,11 @@
  * side by side as TDPBF16PS reads them), so a panel is one sequential stream. Two panels at
  * a time and up to 32 rows: four accumulator tiles, two of rows, two of weights; every block
  * of 32 rows reuses a panel pair while it is in cache. Inputs of a multiple of 32 only.
+ *
+ * The tiles are per thread, and oneDNN and PyTorch use them on the same OpenMP threads: as
+ * they do, each call loads its configuration on every thread it runs on and releases the
+ * tiles when done (PyTorch's cpublas::brgemm skips reloading a configuration it believes
+ * loaded until its users release it, which they do at the end of each parallel region).
  */
 #include <stdint.h>
 #include <string.h>

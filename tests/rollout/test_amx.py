@@ -75,3 +75,25 @@ def test_the_lean_linear_takes_them_for_inputs_of_a_multiple_of_32_only():
         torch.testing.assert_close(linear(x), reference(x, torch.cat(weights).bfloat16(),
                                                         torch.cat(biases).bfloat16()),
                                    rtol=2**-7, atol=2**-7)
+
+
+@needs_amx
+def test_pytorchs_amx_kernels_and_it_interleave_without_clobbering_each_others_tiles():
+    """PyTorch's bf16 attention and linear layers use AMX tiles too (oneDNN, and
+    ``cpublas::brgemm``, which skips reloading its tile configuration while it believes its
+    own is still loaded). Each library's calls load their configuration and release the tiles
+    when done, so calls interleaved on the same threads give what each gives alone."""
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, 300, 64, generator=generator).bfloat16() for _ in range(3))
+    x = torch.randn(40, 576, generator=generator).bfloat16()
+    weight = torch.randn(960, 576, generator=generator).bfloat16()
+    packed = kernels.amx_pack([weight])
+    alone = (torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+             torch.nn.functional.linear(x, weight), kernels.amx_linear(x, packed, None, 960))
+    for _ in range(3):
+        together = (torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                    kernels.amx_linear(x, packed, None, 960),
+                    torch.nn.functional.linear(x, weight),
+                    kernels.amx_linear(x, packed, None, 960))
+        assert torch.equal(together[0], alone[0]) and torch.equal(together[2], alone[1])
+        assert torch.equal(together[1], alone[2]) and torch.equal(together[3], alone[2])
