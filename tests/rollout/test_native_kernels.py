@@ -25,8 +25,8 @@ dtypes = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 
 def close(dtype: torch.dtype, float32: float) -> dict[str, float]:
     """``assert_close``'s tolerances: ``float32`` in float32; in bf16 a rounding apart (the
-    kernels compute in float32 and round where PyTorch's bf16 operations round, so two
-    results may straddle a rounding boundary)."""
+    kernels compute in float32 and round what they store, PyTorch's bf16 operations round
+    some intermediate values too, so two results may straddle a rounding boundary)."""
     tolerance = float32 if dtype == torch.float32 else 2.0**-7
     return {"rtol": tolerance, "atol": tolerance}
 
