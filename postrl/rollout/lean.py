@@ -467,11 +467,18 @@ def _decode_native(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Te
     return w.lm_head(normed, None if record is None else record.logits[slots])
 
 
-# Prompt length from which a prompt's columns are shared by its samples. Measured (SmolLM2,
-# 4 prompts x 8 samples, decode steps alternated in one process; docs/performance.md): at 45
-# columns sharing was even in fp32 and 5% slower in bf16 (its second attention call costs
-# more than the copies it saves), at 90 it was 5-7% faster, at 200 15-20%.
+# Prompt length (the padded prompts' width) from which a prompt's columns are shared by its
+# samples, where a decode step runs the Python layer loop. Measured (SmolLM2, 4 prompts x 8
+# samples, decode steps alternated in one process; docs/performance.md): at 45 columns
+# sharing was even in fp32 and 5% slower in bf16 (its second attention call costs more than
+# the copies it saves), at 90 it was 5-7% faster, at 200 15-20%.
 SHARE_PROMPTS_FROM = 64
+# The same where the per-row layout's decode steps run in one call of postrl's kernels
+# (float32 on an AVX-512 CPU, bf16 too on one with AMX): sharing (PyTorch's attention in two
+# parts, the layer loop) then pays only for long prompts. Measured (SmolLM2, 4 GSM8K prompts x
+# 8, whole `generate` calls alternated in one process), per-row against shared: 56-96 tokens
+# 0.79 (bf16) and 0.86 (fp32), 179-250 tokens 1.00 and 0.96, 331-433 tokens 1.16 and 1.07.
+SHARE_PROMPTS_FROM_ONE_CALL = 256
 
 
 class LeanDecoder:
@@ -488,7 +495,9 @@ class LeanDecoder:
         logits = prefill(weights, self.cache, input_ids, positions, attention.bool(), record)
         # the G samples of a prompt share its prefill and its columns of the cache
         self.first_logits = logits.repeat_interleave(group_size, dim=0)
-        share_from = SHARE_PROMPTS_FROM if share_from is None else share_from
+        if share_from is None:
+            share_from = (SHARE_PROMPTS_FROM_ONE_CALL if weights.pointers is not None
+                          else SHARE_PROMPTS_FROM)
         # nothing to share, not worth it, or no kernel for it
         if group_size == 1 or length < share_from or not _flash_available():
             self.cache.select(torch.arange(prompts * group_size))

@@ -40,6 +40,13 @@ def assert_same_rollouts(a, b, logprob_tol):
         assert (a.entropies - b.entropies).abs().max() < logprob_tol
 
 
+def force_sharing(monkeypatch, share_from: int) -> None:
+    """The prompt length from which the lean sampler shares prompts' columns, whichever way
+    its decode steps run."""
+    monkeypatch.setattr(lean_module, "SHARE_PROMPTS_FROM", share_from)
+    monkeypatch.setattr(lean_module, "SHARE_PROMPTS_FROM_ONE_CALL", share_from)
+
+
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_new_tokens=40),
                                     SamplingParams(temperature=0.7, top_k=50, top_p=0.9,
                                                    max_new_tokens=40),
@@ -47,7 +54,7 @@ def assert_same_rollouts(a, b, logprob_tol):
 @pytest.mark.parametrize("share_from", [1, 10**6], ids=["shared prompts", "per row"])
 def test_lean_sampling_matches_transformers_on_tiny_llama(tiny, params, share_from,
                                                           monkeypatch):
-    monkeypatch.setattr(lean_module, "SHARE_PROMPTS_FROM", share_from)
+    force_sharing(monkeypatch, share_from)
     model, tokenizer = tiny
     lean, plain = engines(model, tokenizer)
     for seed in range(3):
@@ -66,7 +73,7 @@ def test_lean_sampling_in_bf16_is_as_close_to_the_float32_policy_as_transformers
     so on the tiny model's near-uniform distributions a drawn token may move to a neighbour.
     Both must score their samples like the float32 policy, the lean one no worse, also when
     the prompt's and the response's attention are merged from two bf16 parts."""
-    monkeypatch.setattr(lean_module, "SHARE_PROMPTS_FROM", share_from)
+    force_sharing(monkeypatch, share_from)
     model, tokenizer = tiny
     lean, plain = engines(model, tokenizer, precision="bf16")
     params = SamplingParams(temperature=1.0, max_new_tokens=30)
@@ -201,3 +208,20 @@ def test_float32_decode_attention_by_matmuls_is_the_fused_kernels(rows, monkeypa
     expected = torch.nn.functional.scaled_dot_product_attention(query, keys, values,
                                                                 attn_mask=mask)
     torch.testing.assert_close(lean_module._attend_rows(query, keys, values, mask), expected)
+
+
+def test_prompts_are_shared_from_a_longer_length_where_a_step_runs_in_one_call(tiny,
+                                                                              monkeypatch):
+    """A 100-token prompt: its columns are shared by its samples where a decode step runs the
+    Python layer loop (PyTorch's kernels), copied to each row where the step runs in one call
+    of postrl's kernels (sharing then pays only from 256 tokens)."""
+    model, tokenizer = tiny
+    texts = [tokenizer(" ".join(["seven plus two"] * 33), add_special_tokens=False).input_ids]
+    assert lean_module.SHARE_PROMPTS_FROM <= len(texts[0]) < (
+        lean_module.SHARE_PROMPTS_FROM_ONE_CALL)
+    for switch in ("1", "0"):
+        monkeypatch.setenv(native.SWITCH, switch)
+        weights = LeanWeights.of(model, torch.float32, rows=2)
+        decoder = LeanDecoder(weights, *left_padded(texts, 0), 2, 3)
+        assert decoder.cache.shared == (weights.pointers is None)
+        assert (weights.pointers is None) == (switch == "0" or native.native_kernels() is None)
