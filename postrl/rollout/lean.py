@@ -165,10 +165,9 @@ class LeanWeights:
         norm = body.norm.weight.detach().to(dtype)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         pointers = None
-        own = [m for layer in layers for m in (layer.qkv, layer.out, layer.gate_up, layer.down)]
-        if native is not None and all(m.native is not None for m in own):  # postrl's linears
-            linears = [[(m.weight, m.bias) for m in (layer.qkv, layer.out, layer.gate_up,
-                                                     layer.down)] for layer in layers]
+        by_layer = [(layer.qkv, layer.out, layer.gate_up, layer.down) for layer in layers]
+        if native is not None and all(m.native is not None for ms in by_layer for m in ms):
+            linears = [[(m.weight, m.bias) for m in ms] for ms in by_layer]  # postrl's own
             norms = [n.contiguous() for layer in layers
                      for n in (layer.input_norm, layer.post_norm)] + [norm.contiguous()]
             pointers = LayerPointers.of(linears, norms, heads, kv_heads, head_dim,

@@ -119,8 +119,7 @@ class NativeKernels:
     def pack(self, weights: list[Tensor]) -> Tensor:
         """The row-concatenation of ``weights`` (each ``[out, in]``) as float32 panels of 32
         output columns, zero-padded; a single contiguous float32 weight is read in place."""
-        weight = (weights[0] if len(weights) == 1 else torch.cat(weights)).detach()
-        weight = weight.to(torch.float32).contiguous()
+        weight = _joined(weights, torch.float32)
         out_features, in_features = weight.shape
         panels = -(-out_features // PANEL)
         packed = torch.empty(panels * PANEL * in_features, dtype=torch.float32)
@@ -146,11 +145,7 @@ class NativeKernels:
         if rows.dtype != torch.float32 or packed.numel() % in_features:
             raise ValueError(f"native linear: float32 rows of {packed.numel()} / panel "
                              f"width inputs expected, got {rows.dtype} rows of {in_features}")
-        if out is None:
-            out = torch.empty(shape, dtype=torch.float32)
-        elif out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
-            raise ValueError(f"native linear: out must be a contiguous float32 {shape}, "
-                             f"got {out.dtype} {tuple(out.shape)}")
+        out = _output(out, shape, torch.float32, "linear")
         self._linear(rows.data_ptr(), rows.shape[0], in_features, packed.data_ptr(),
                      None if bias is None else bias.data_ptr(), out_features, out.data_ptr(),
                      torch.get_num_threads())
@@ -159,13 +154,13 @@ class NativeKernels:
     def amx_pack(self, weights: list[Tensor]) -> Tensor:
         """The row-concatenation of ``weights`` (each ``[out, in]``, ``in`` a multiple of 32)
         in bf16 as ``amx.c``'s tiles: panels of 16 outputs (zero-padded), 32 inputs a tile."""
-        weight = (weights[0] if len(weights) == 1 else torch.cat(weights)).detach()
-        weight = weight.to(torch.bfloat16).contiguous()
+        weight = _joined(weights, torch.bfloat16)
         out_features, in_features = weight.shape
         if not self.amx or in_features % AMX_INPUTS:
             raise ValueError(f"native amx_pack: AMX and inputs of a multiple of {AMX_INPUTS} "
                              f"needed, got {in_features} (AMX {'on' if self.amx else 'off'})")
-        packed = torch.empty(-(-out_features // 16) * 16 * in_features, dtype=torch.bfloat16)
+        packed = torch.empty(_amx_packed_size(out_features, in_features),
+                             dtype=torch.bfloat16)
         self._amx_pack(weight.data_ptr(), packed.data_ptr(), out_features, in_features,
                        torch.get_num_threads())
         return packed
@@ -179,18 +174,14 @@ class NativeKernels:
         rows = x.reshape(-1, in_features).contiguous()
         shape = (rows.shape[0], out_features)
         if (rows.dtype != torch.bfloat16 or in_features % AMX_INPUTS
-                or packed.numel() != -(-out_features // 16) * 16 * in_features
+                or packed.numel() != _amx_packed_size(out_features, in_features)
                 or (bias is not None and (bias.dtype != torch.bfloat16
                                           or bias.shape != (out_features,)
                                           or not bias.is_contiguous()))):
             raise ValueError(f"native amx_linear: bf16 rows of a packed [{out_features}, "
                              f"{in_features}] weight expected, got {rows.dtype} rows of "
                              f"{in_features}")
-        if out is None:
-            out = torch.empty(shape, dtype=torch.bfloat16)
-        elif out.shape != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
-            raise ValueError(f"native amx_linear: out must be a contiguous bf16 {shape}, "
-                             f"got {out.dtype} {tuple(out.shape)}")
+        out = _output(out, shape, torch.bfloat16, "amx_linear")
         if rows.shape[0]:
             self._amx_linear(rows.data_ptr(), rows.shape[0], in_features, packed.data_ptr(),
                              None if bias is None else bias.data_ptr(),
@@ -353,6 +344,32 @@ class NativeKernels:
                      None if entropies is None else entropies.data_ptr(),
                      torch.get_num_threads())
         return tokens, logprobs, entropies
+
+
+def _joined(weights: list[Tensor], dtype: torch.dtype) -> Tensor:
+    """The row-concatenation of ``weights`` in ``dtype``, contiguous (a single contiguous
+    weight already in ``dtype`` is not copied)."""
+    weight = (weights[0] if len(weights) == 1 else torch.cat(weights)).detach()
+    return weight.to(dtype).contiguous()
+
+
+def _output(out: Tensor | None, shape: tuple[int, int], dtype: torch.dtype,
+            name: str) -> Tensor:
+    """A linear's output: ``out`` if it is a contiguous ``dtype`` tensor of ``shape`` (else
+    an error naming the kernel ``name``), or a new one."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype)
+    if out.shape != shape or out.dtype != dtype or not out.is_contiguous():
+        dtype_name = "bf16" if dtype == torch.bfloat16 else "float32"
+        raise ValueError(f"native {name}: out must be a contiguous {dtype_name} {shape}, "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    return out
+
+
+def _amx_packed_size(out_features: int, in_features: int) -> int:
+    """Values in ``amx.c``'s packing of a ``[out_features, in_features]`` weight: panels of
+    16 outputs, the last zero-padded."""
+    return -(-out_features // 16) * 16 * in_features
 
 
 def _same_dtype(*tensors: Tensor) -> bool:
