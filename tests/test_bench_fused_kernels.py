@@ -5,7 +5,7 @@ nothing), and on again, by the kernels."""
 import pytest
 import torch
 
-from postrl.models import fused, vocab
+from postrl.models import fused, tiles, vocab
 from postrl.rollout import native
 from tests.bench_scripts import load_bench_script
 
@@ -38,3 +38,18 @@ def test_each_part_switches_off_and_on(part):
     finally:
         switch(True)
     assert all(kernels_on().values())
+
+
+@pytest.mark.skipif(native.native_kernels() is None or not native.native_kernels().amx,
+                    reason="no native kernels or no AMX tiles")
+def test_the_tiles_part_switches_the_backwards_amx_products_off_and_on():
+    bench = load_bench_script("fused_kernels_ab")
+    switch = bench.switches(("tiles",))
+    rows = torch.zeros(4, 32, dtype=torch.bfloat16)
+    assert tiles.kernels(rows) is not None
+    switch(False)
+    try:
+        assert tiles.kernels(rows) is None and fused.rms_norm is not fused.torch_rms_norm
+    finally:
+        switch(True)
+    assert tiles.kernels(rows) is not None

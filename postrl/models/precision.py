@@ -19,7 +19,8 @@ from __future__ import annotations
 import copy
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from postrl.models import fused
 
@@ -54,6 +55,16 @@ def bf16_copy(model: nn.Module, trainable: bool = False) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
+_MASTERS = WeakTensorKeyDictionary()  # working parameter -> its float32 master
+
+
+def master_of(weight: Tensor) -> nn.Parameter | None:
+    """The float32 master of a ``bf16-master`` working parameter, where its gradient goes; None
+    for any other tensor. A backward may add a float32 gradient into the master's ``.grad``
+    itself (``postrl.models.tiles``) rather than give the working parameter a bf16 one."""
+    return _MASTERS.get(weight)
+
+
 class MasterWeights:
     """``bf16-master``: ``working`` (a bf16 copy of ``master``) runs forward and backward; its
     gradients land, in float32, on ``master``'s parameters, where ``master``'s optimizer finds
@@ -66,11 +77,14 @@ class MasterWeights:
                                              strict=True) if m.requires_grad]
         for m, w in self.pairs:
             w.register_post_accumulate_grad_hook(self._accumulate_into(m))
+            _MASTERS[w] = m
 
     @staticmethod
     def _accumulate_into(master: nn.Parameter):
         def hook(working: nn.Parameter) -> None:
             # float32 accumulation over micro-batches; the bf16 gradient is freed at once
+            if working.grad is None:  # a backward gave the master its gradient (master_of)
+                return
             if master.grad is None:
                 master.grad = working.grad.to(torch.float32)
             else:

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from postrl.models import tiles
+
 KINDS = ("qkv", "out", "gate_up", "down")  # the linears of a layer, in the sampler's fusion
 
 
@@ -225,8 +227,9 @@ class _Recorded(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         needs_x, needs_weight, needs_bias, _ = ctx.needs_input_grad
         flat = grad.reshape(-1, grad.shape[-1])
-        return (grad @ weight if needs_x else None,
-                flat.t() @ x.reshape(-1, x.shape[-1]) if needs_weight else None,
+        dx, dw = tiles.linear_backward(flat, x.reshape(-1, x.shape[-1]), weight, needs_x,
+                                       needs_weight)
+        return (dx.view(*grad.shape[:-1], weight.shape[1]) if dx is not None else None, dw,
                 flat.sum(dim=0) if needs_bias else None, None)
 
 

@@ -1,0 +1,124 @@
+"""The update's bf16 linear gradients on AMX tiles (``amx.c``, built with postrl's other
+native kernels; ``postrl.rollout.native``).
+
+For a linear ``y = x W^T`` the backward multiplies twice: the input gradient ``dy W`` and the
+weight gradient ``dy^T x``. oneDNN ran both well below this CPU's bf16 rate at the update's
+shapes (SmolLM2, micro-batches of 213 and 657 tokens on 2 cores: 0.7-1.2 TFLOP/s in situ,
+against a peak of 2.5). Here each thread packs the panels of the second operand it owns
+into ``amx.c``'s tiles (the weight, or ``x``; ``dy`` is transposed first for the weight
+gradient) and multiplies. Under ``precision=bf16-master`` the weight gradient is added in
+float32 straight into the float32 master's gradient (:func:`master_of`), where PyTorch's
+path writes it in bf16 and a hook then adds that into the master's: one rounding and one
+pass fewer. Measured in situ (the bench's update, 657-token micro-batch): the gate and up
+projections' ``dy W`` 1.53 → 0.94 ms, their ``dy^T x`` with its accumulation 1.87 → 1.72
+ms; all the linears' gradients 0.87 of the time, the update 0.964
+(``bench/fused_kernels_ab.py --part tiles``; docs/performance.md). The down projection's
+``dy W`` (a weight wider than it is tall) was slower here and stays with oneDNN.
+
+Where this does not serve (no AMX, other dtypes or devices, tensor subclasses, a
+``torch.compile`` trace, inner dimensions not a multiple of 32) PyTorch's matmuls run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from torch import Tensor
+
+from postrl.models.precision import master_of
+
+BLOCK = 32  # amx.c's tiles take the inner dimension 32 at a time
+_BF16, _FLOAT, _FLOAT_ADD = 0, 1, 2  # amx.c's output modes
+
+
+class _Tiles:
+    """``amx.c``'s packing, transposition and product in the loaded native library."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        from postrl.rollout.native import bind  # not at the top: postrl.rollout imports this
+
+        pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self._transpose = bind(library, "postrl_amx_transpose", pointer, size, size, size,
+                               pointer, size, flag)
+        self._gemm = bind(library, "postrl_amx_gemm", pointer, size, size, size, pointer,
+                          pointer, size, size, pointer, size, pointer, size, flag, flag)
+
+    def product(self, a: Tensor, b: Tensor, out: Tensor, mode: int) -> Tensor:
+        """``out [m, n]`` := (or, ``_FLOAT_ADD``, +=) ``a [m, k] b [kb, n]`` (``b``'s rows
+        past ``kb`` up to ``k`` taken as zeros; rows of each contiguous). Each thread packs
+        the panels of ``b`` it multiplies by into tiles just before it uses them."""
+        (m, k), (kb, n) = a.shape, b.shape
+        packed = torch.empty(-(-n // 16) * (k // BLOCK) * 512, dtype=torch.bfloat16)
+        self._gemm(a.data_ptr(), a.stride(0), m, k, packed.data_ptr(), b.data_ptr(), kb,
+                   b.stride(0), None, n, out.data_ptr(), out.stride(0), mode,
+                   torch.get_num_threads())
+        return out
+
+    def input_grad(self, grad: Tensor, weight: Tensor) -> Tensor:
+        """``grad [m, out] W`` for ``W [out, in]``, in bf16."""
+        out = torch.empty(grad.shape[0], weight.shape[1], dtype=torch.bfloat16)
+        return self.product(grad, weight, out, _BF16)
+
+    def add_weight_grad(self, total: Tensor | None, grad: Tensor, x: Tensor) -> Tensor:
+        """``total + grad^T x`` in float32 (``total`` float32 ``[out, in]``, updated in place;
+        None: the product alone) for ``grad [m, out]`` and ``x [m, in]``."""
+        rows, outputs = grad.shape
+        padded = -(-rows // BLOCK) * BLOCK
+        transposed = torch.empty(outputs, padded, dtype=torch.bfloat16)
+        self._transpose(grad.data_ptr(), rows, outputs, grad.stride(0), transposed.data_ptr(),
+                        padded, torch.get_num_threads())
+        shape = (outputs, x.shape[1])
+        if total is None:
+            return self.product(transposed, x, torch.empty(shape), _FLOAT)
+        if type(total) is Tensor and total.dtype == torch.float32 and total.is_contiguous():
+            return self.product(transposed, x, total, _FLOAT_ADD)
+        return total.add_(self.product(transposed, x, torch.empty(shape), _FLOAT))
+
+
+@functools.cache
+def _tiles(library: ctypes.CDLL) -> _Tiles:
+    return _Tiles(library)
+
+
+def kernels(*tensors: Tensor) -> _Tiles | None:
+    """The tiles' bindings when they serve these tensors: plain bf16 CPU tensors whose rows are
+    contiguous, on a CPU with AMX, outside a compile trace; else None."""
+    if torch.compiler.is_compiling() or any(
+            type(t) not in (Tensor, torch.nn.Parameter) or t.device.type != "cpu"
+            or t.dtype != torch.bfloat16 or t.dim() != 2 or t.stride(1) != 1
+            or t.shape[0] == 0 for t in tensors):
+        return None
+    from postrl.rollout.native import native_kernels  # not at the top: see _Tiles
+
+    native = native_kernels()
+    return _tiles(native.library) if native is not None and native.amx else None
+
+
+def linear_backward(grad: Tensor, x: Tensor, weight: Tensor, needs_x: bool,
+                    needs_weight: bool) -> tuple[Tensor | None, Tensor | None]:
+    """``(dy W, dy^T x)`` of ``y = x W^T`` for ``grad`` and ``x`` as rows (2-d), each None where
+    not needed. Where ``weight`` has a float32 master (``bf16-master``), its gradient is added
+    into the master's ``.grad`` here and returned as None. PyTorch's matmuls where the tiles
+    do not serve."""
+    tiles = kernels(grad, x, weight)
+    master = master_of(weight) if needs_weight else None
+    dx = dw = None
+    if needs_x:
+        dx = (tiles.input_grad(grad, weight) if tiles is not None and _tiles_dx(*weight.shape)
+              else grad @ weight)
+    if needs_weight:
+        if tiles is not None and master is not None:
+            master.grad = tiles.add_weight_grad(master.grad, grad, x)
+        else:
+            dw = grad.t() @ x
+    return dx, dw
+
+
+def _tiles_dx(outputs: int, inputs: int) -> bool:
+    """Whether the tiles take ``dy W`` for a weight ``[outputs, inputs]``: the product's inner
+    dimension is ``outputs``, a multiple of 32; and not for a weight wider than it is tall
+    (SmolLM2's down projection, 576 x 1,536: oneDNN took 0.86 ms in situ at 657 rows, the
+    tiles 1.17)."""
+    return outputs % BLOCK == 0 and outputs >= inputs

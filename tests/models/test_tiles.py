@@ -1,0 +1,135 @@
+"""``postrl.models.tiles``: the update's bf16 linear gradients on AMX tiles, against float64
+products; a ``bf16-master`` weight's gradient added into its float32 master by the backward
+itself; PyTorch's matmuls wherever the tiles do not serve."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from postrl.models import tiles
+from postrl.models.precision import MasterWeights, master_of
+from postrl.models.recorded import recorded_linear
+from postrl.rollout import native
+
+kernels = native.native_kernels()
+needs_amx = pytest.mark.skipif(kernels is None or not kernels.amx,
+                               reason="no native kernels or no AMX tiles here")
+
+
+def bf16(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).bfloat16()
+
+
+def within_rounding(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rounded: bool,
+                    start: torch.Tensor | None = None) -> None:
+    """``got`` is ``a @ b`` summed in float32 (and rounded to bf16 once where ``rounded``;
+    added to the float32 ``start`` where given): within float32's error of the float64
+    product, plus half a bf16 step of it, or a float32 step of the sum."""
+    exact = a.double() @ b.double()
+    bound = 1e-6 * (a.double().abs() @ b.double().abs())
+    if start is not None:
+        got = got.double() - start.double()
+        bound = bound + 2.0 ** -23 * (start.double() + exact).abs()
+    if rounded:
+        bound = bound + exact.abs() * 2.0 ** -8
+    assert bool(((got.double() - exact).abs() <= bound).all()), float(
+        ((got.double() - exact).abs() - bound).max())
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 15, 17, 32, 300])
+@pytest.mark.parametrize("outputs, inputs", [(64, 48), (1536, 40), (96, 96)])
+def test_the_input_gradient_is_the_float32_product_rounded_once(rows, outputs, inputs):
+    """Row counts around the 16- and 32-row blocks and past a chunk of rows (128 at 1,536
+    outputs); inputs that leave a partial panel or a pair of one panel."""
+    torch.manual_seed(rows + outputs)
+    grad, weight = bf16(rows, outputs), bf16(outputs, inputs)
+    got = tiles.kernels(grad, weight).input_grad(grad, weight)
+    assert got.shape == (rows, inputs) and got.dtype == torch.bfloat16
+    within_rounding(got, grad, weight, rounded=True)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 31, 33, 700])
+@pytest.mark.parametrize("outputs, inputs", [(48, 40), (1536, 576)])
+def test_the_weight_gradient_is_summed_in_float32_into_the_total_given(rows, outputs, inputs):
+    """``grad^T x`` over rows padded to the tiles' 32 with zeros: alone, added into a float32
+    total in place, and added into a total the kernel cannot write (not contiguous)."""
+    torch.manual_seed(rows)
+    grad, x = bf16(rows, outputs), bf16(rows, inputs)
+    kernel = tiles.kernels(grad, x)
+    within_rounding(kernel.add_weight_grad(None, grad, x), grad.t(), x, rounded=False)
+    total = torch.randn(outputs, inputs)
+    start = total.clone()
+    assert kernel.add_weight_grad(total, grad, x) is total
+    within_rounding(total, grad.t(), x, rounded=False, start=start)
+    strided = torch.randn(inputs, outputs).t()
+    start = strided.clone()
+    assert kernel.add_weight_grad(strided, grad, x) is strided
+    within_rounding(strided, grad.t(), x, rounded=False, start=start)
+
+
+@needs_amx
+def test_a_masters_gradient_is_added_in_float32_by_the_backward_itself(monkeypatch):
+    """``bf16-master``: the recorded linear's backward adds each micro-batch's weight gradient
+    into the float32 master's ``.grad`` (the working weight gets none, and its hook, which
+    adds a bf16 gradient into the master's, has nothing to add); PyTorch's path, a bf16
+    gradient per micro-batch, gives the same sum to its bf16 roundings."""
+    torch.manual_seed(0)
+    master = nn.Linear(64, 96, bias=False)
+    copies = MasterWeights(master)
+    weight = copies.working.weight
+    assert master_of(weight) is master.weight and master_of(master.weight) is None
+    batches = [(bf16(40, 64), bf16(40, 96)) for _ in range(2)]
+
+    def backward_of(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        x = x.clone().requires_grad_()
+        y = recorded_linear(x, weight, F.linear(x, weight).detach())
+        (y.float() * grad.float()).sum().backward()
+        return x.grad
+
+    input_grads = [backward_of(x, grad) for x, grad in batches]
+    assert weight.grad is None
+    exact = sum(grad.double().t() @ x.double() for x, grad in batches)
+    assert float((master.weight.grad.double() - exact).abs().max()) < 1e-4
+    for (_, grad), got in zip(batches, input_grads, strict=True):
+        within_rounding(got, grad, weight.detach(), rounded=True)
+
+    tiled, master.weight.grad = master.weight.grad, None
+    monkeypatch.setattr(tiles, "kernels", lambda *tensors: None)
+    for x, grad in batches:
+        backward_of(x, grad)
+    assert weight.grad is None  # the hook moved it into the master's
+    per_batch = sum((grad.double().t() @ x.double()).bfloat16().double() for x, grad in batches)
+    assert float((master.weight.grad.double() - per_batch).abs().max()) < 1e-4
+    assert float((tiled.double() - exact).abs().max()) < float(
+        (master.weight.grad.double() - exact).abs().max())
+
+
+def test_pytorchs_matmuls_serve_where_the_tiles_do_not():
+    """float32 tensors, rows that are not contiguous, no rows: PyTorch's products, the weight's
+    gradient returned (no master)."""
+    grad, x, weight = torch.randn(5, 32), torch.randn(5, 24), torch.randn(32, 24)
+    assert tiles.kernels(grad, x, weight) is None
+    assert tiles.kernels(bf16(5, 64)[:, ::2]) is None
+    assert tiles.kernels(bf16(0, 32)) is None
+    dx, dw = tiles.linear_backward(grad, x, weight, True, True)
+    torch.testing.assert_close(dx, grad @ weight)
+    torch.testing.assert_close(dw, grad.t() @ x)
+    assert tiles.linear_backward(grad, x, weight, False, False) == (None, None)
+
+
+@needs_amx
+def test_a_weight_wider_than_tall_takes_pytorchs_input_gradient(monkeypatch):
+    """The down projection's shape (measured slower on the tiles in situ) and outputs that are
+    not a multiple of 32 keep oneDNN's ``dy W``; the others take the tiles'."""
+    calls = []
+    original = tiles._Tiles.input_grad
+    monkeypatch.setattr(tiles._Tiles, "input_grad",
+                        lambda self, *args: calls.append(args[1].shape) or original(self, *args))
+    for shape in [(64, 96), (48, 32), (96, 64), (64, 64)]:
+        weight = bf16(*shape)
+        dx, _ = tiles.linear_backward(bf16(7, shape[0]), bf16(7, shape[1]), weight, True, False)
+        assert dx.shape == (7, shape[1])
+    assert calls == [(96, 64), (64, 64)]
