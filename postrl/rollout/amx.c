@@ -223,7 +223,7 @@ static void configure(int rows) {
     _tile_loadconfig(&cfg);
 }
 
-#define CHUNK_BYTES (384 * 1024) /* a chunk of rows of a: most of a core's 2 MB L2 was slower */
+#define CHUNK_BYTES (128 * 1024) /* a chunk of rows of a (32-96 rows at the update's shapes) */
 
 /* out [m, n] (row stride ldc) = a [m, k] (row stride lda) b (+ bias, bias [n] or NULL), b
  * packed by postrl_amx_pack (b = W^T) or in pack_kn_tile's layout; `mode` as write_pair's.
