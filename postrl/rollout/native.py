@@ -6,9 +6,10 @@ forward's element-wise work in float32 or bf16.
   linear leaves about a fifth of its time on the table; measured on an AVX-512 CPU (2 cores,
   SmolLM2's 121 linears of one decode step, the weights streamed from memory), ``gemm.c``
   takes 0.78-0.85× its time at 2 to 32 rows.
-- ``amx.c``, the bf16 linear layers on a CPU with AMX tiles: at a decode step's rows
-  oneDNN's packed bf16 linear reads the weights well below the memory's rate (SmolLM2's 121
-  linears at 32 rows: 20 ms a step against 14 for ``amx.c``, docs/performance.md).
+- ``amx.c``, bf16 products on a CPU with AMX tiles: the sampler's linear layers (at a decode
+  step's rows oneDNN's packed bf16 linear reads the weights well below the memory's rate:
+  SmolLM2's 121 linears at 32 rows, 20 ms a step against 14 for ``amx.c``,
+  docs/performance.md), and the update's linear gradients (``postrl.models.tiles``).
 - ``decode.c``, what a decode step does between the linears: the rotary embedding with the
   new keys and values stored into the cache, the residual add with its RMSNorm, SiLU(gate) ·
   up, and the attention over each row's own columns, one call each per layer instead of
@@ -26,45 +27,28 @@ forward's element-wise work in float32 or bf16.
   log-probability and entropy over the vocabulary, forward and backward
   (``postrl.models.fused`` binds them).
 
-(docs/performance.md, "postrl's own float32 kernels".) The C sources ship with the package
-and are compiled once per source, compiler and CPU with the system's C compiler (``$CC``,
-else ``cc``) into ``native/`` in postrl's cache (``$POSTRL_CACHE``, default
-``~/.cache/postrl``). They are not used, and the sampler keeps PyTorch's and oneDNN's
-kernels, when the CPU has no AVX-512F, no compiler is found or the build fails, loading them
-would bring a second OpenMP runtime next to PyTorch's, or ``POSTRL_NATIVE_KERNELS=0``;
-:func:`unavailable_reason` says which.
+(docs/performance.md, "postrl's own float32 kernels".) ``postrl.rollout.build`` compiles
+them once per source, compiler and CPU. They are not used, and the sampler and the update
+keep PyTorch's and oneDNN's kernels, when the CPU has no AVX-512F, no compiler is found or
+the build fails, loading them would bring a second OpenMP runtime next to PyTorch's, or
+``POSTRL_NATIVE_KERNELS=0``; :func:`unavailable_reason` says which.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from postrl.models.loading import cache_dir as postrl_cache
+from postrl.rollout.build import NativeUnavailable, build, openmp_runtimes
 
-SOURCES = (*(Path(__file__).with_name(name)
-             for name in ("gemm.c", "amx.c", "decode.c", "sample.c", "step.c")),
-           *(Path(__file__).parents[1] / "models" / name  # the training forward's
-             for name in ("fused.c", "vocab.c")))
-HEADERS = (Path(__file__).with_name("simd.h"),)  # included by the sources
 SWITCH = "POSTRL_NATIVE_KERNELS"  # "0": never use them
 PANEL = 32  # output columns per packed panel (gemm.c's NR)
 AMX_INPUTS = 32  # amx.c's tiles take the inputs 32 at a time
-_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
-
-
-class NativeUnavailable(RuntimeError):
-    """Why the native kernels cannot be used here."""
 
 
 def bind(library: ctypes.CDLL, name: str, *argtypes):
@@ -447,10 +431,10 @@ def unavailable_reason() -> str | None:
 @functools.cache
 def _load() -> tuple[NativeKernels | None, str | None]:
     try:
-        path = _build()
-        runtimes = _openmp_runtimes()
+        path = build()
+        runtimes = openmp_runtimes()
         library = ctypes.CDLL(str(path))
-        added = _openmp_runtimes() - runtimes
+        added = openmp_runtimes() - runtimes
         if runtimes and added:
             return None, f"{path.name} loads another OpenMP runtime ({sorted(added)})"
         return NativeKernels(library), None
@@ -458,64 +442,3 @@ def _load() -> tuple[NativeKernels | None, str | None]:
         return None, str(error)
     except OSError as error:
         return None, f"cannot build or load the native kernels: {error}"
-
-
-def cache_dir() -> Path:
-    """Where built libraries are kept: ``native/`` in postrl's cache (``$POSTRL_CACHE``, else
-    ``~/.cache/postrl``)."""
-    return postrl_cache() / "native"
-
-
-def _cpu() -> str:
-    """This CPU's model and features: a library built with ``-march=native`` runs only there."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            lines = [line for line in info if line.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _build() -> Path:
-    """The library for these sources, compiler and CPU, compiled now unless already cached."""
-    compiler = _compiler()
-    if not compiler:
-        raise NativeUnavailable("no C compiler: neither $CC, cc nor gcc")
-    key = hashlib.sha256(b"\0".join(
-        [*(file.read_bytes() for file in SOURCES + HEADERS), " ".join(_FLAGS).encode(),
-         compiler.encode(), _cpu().encode()]
-    )).hexdigest()[:16]
-    directory = cache_dir()
-    target = directory / f"kernels-{key}.so"
-    if target.exists():
-        return target
-    directory.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.part")
-    names = " and ".join(source.name for source in SOURCES)
-    try:
-        built = subprocess.run([compiler, *_FLAGS, *map(str, SOURCES), "-o", str(partial), "-lm"],
-                               capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise NativeUnavailable(f"{compiler} could not build {names}: {error}") from error
-    if built.returncode != 0:
-        lines = built.stderr.strip().splitlines() or ["no message"]
-        errors = [line for line in lines if "error" in line]
-        partial.unlink(missing_ok=True)
-        raise NativeUnavailable(f"{compiler} could not build {names}: {(errors or lines)[0]}")
-    os.replace(partial, target)  # atomic: a concurrent process sees all of it or nothing
-    return target
-
-
-def _openmp_runtimes() -> set[str]:
-    """The OpenMP runtimes mapped into this process (Linux; empty elsewhere)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/" in line}
-    except OSError:
-        return set()
-    names = ("libgomp", "libiomp", "libomp")
-    return {path for path in paths if Path(path).name.startswith(names)}

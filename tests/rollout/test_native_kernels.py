@@ -14,7 +14,7 @@ import torch
 from postrl.models.layers import rotate
 from postrl.models.precision import bf16_copy
 from postrl.models.recorded import RecordedForward
-from postrl.rollout import HFRolloutEngine, SamplingParams, native
+from postrl.rollout import HFRolloutEngine, SamplingParams, build, native
 from postrl.rollout.hf import left_padded
 from postrl.rollout.lean import LeanDecoder, LeanWeights
 
@@ -326,7 +326,7 @@ def test_a_decode_step_in_one_call_is_the_layer_loop_to_the_bit(request, tiny, f
 
 @needs_native
 def test_it_is_built_once_and_then_loaded_from_the_cache(fresh_build, monkeypatch, tmp_path):
-    calls, real = tmp_path / "calls", native._compiler()
+    calls, real = tmp_path / "calls", build.compiler()
     compiler = tmp_path / "cc"  # the real compiler, counting its calls
     compiler.write_text(f'#!/bin/sh\necho built >> {calls}\nexec {real} "$@"\n')
     compiler.chmod(0o755)
@@ -371,7 +371,7 @@ def test_it_can_be_switched_off(monkeypatch):
 
 @needs_native
 def test_they_share_pytorchs_openmp_runtime():
-    runtimes = native._openmp_runtimes()
+    runtimes = build.openmp_runtimes()
     assert len(runtimes) <= 1, runtimes
 
 
@@ -382,7 +382,7 @@ def test_the_package_ships_every_source_it_compiles():
     tomllib = pytest.importorskip("tomllib")
     project = Path(native.__file__).parents[2] / "pyproject.toml"
     data = tomllib.loads(project.read_text())["tool"]["setuptools"]["package-data"]
-    for source in native.SOURCES + native.HEADERS:
+    for source in build.SOURCES + build.HEADERS:
         package = f"postrl.{source.parent.name}"
         assert source.exists() and source.parent.parent.name == "postrl"
         assert any(fnmatch(source.name, pattern) for pattern in data.get(package, ())), source
