@@ -9,9 +9,11 @@
   reductions still in float32 inside their modules), while float32 master weights and AdamW's
   moments take the update (Micikevicius et al. 2018, "Mixed Precision Training"). Each
   micro-batch's bf16 gradient is added into the float32 master gradient as soon as autograd
-  has it, so accumulation over micro-batches is float32; after each optimizer step the working
-  copy is refreshed from the masters. Modules that are not the policy (the frozen reference,
-  PPO's critic) keep float32 weights and run under autocast.
+  has it, so accumulation over micro-batches is float32 (on AMX tiles a linear's backward adds
+  its weight gradient, summed in float32, into the master's itself: :func:`master_of`); after
+  each optimizer step the working copy is refreshed from the masters. Modules that are not
+  the policy (the frozen reference, PPO's critic) keep float32 weights and run under
+  autocast.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ float32 straight into the float32 master's gradient (:func:`master_of`), where P
 path writes it in bf16 and a hook then adds that into the master's: one rounding and one
 pass fewer. Measured in situ (the bench's update, 657-token micro-batch): the gate and up
 projections' ``dy W`` 1.53 → 0.94 ms, their ``dy^T x`` with its accumulation 1.87 → 1.72
-ms; all the linears' gradients 0.87 of the time, the update 0.964
+ms; all the linears' gradients 0.87 of the time, the update 0.94
 (``bench/fused_kernels_ab.py --part tiles``; docs/performance.md). The down projection's
 ``dy W`` (a weight wider than it is tall) was slower here and stays with oneDNN.
 
@@ -47,8 +47,8 @@ class _Tiles:
 
     def product(self, a: Tensor, b: Tensor, out: Tensor, mode: int) -> Tensor:
         """``out [m, n]`` := (or, ``_FLOAT_ADD``, +=) ``a [m, k] b [kb, n]`` (``b``'s rows
-        past ``kb`` up to ``k`` taken as zeros; rows of each contiguous). Each thread packs
-        the panels of ``b`` it multiplies by into tiles just before it uses them."""
+        past ``kb`` up to ``k`` taken as zeros; rows of each contiguous). Each thread first
+        packs the panels of ``b`` it multiplies by into tiles (``packed``: their scratch)."""
         (m, k), (kb, n) = a.shape, b.shape
         packed = torch.empty(-(-n // 16) * (k // BLOCK) * 512, dtype=torch.bfloat16)
         self._gemm(a.data_ptr(), a.stride(0), m, k, packed.data_ptr(), b.data_ptr(), kb,
