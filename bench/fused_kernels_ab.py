@@ -3,6 +3,7 @@ alternated in one process from the same weights and optimizer state.
 
     python bench/fused_kernels_ab.py --part norm_mlp|vocab|attention|rotate|all|tiles
                                      [--steps 3] [--reps 5] [--precision fp32|bf16-master]
+                                     [--multiply]
 
 ``norm_mlp``: RMSNorm and SiLU(gate) * up (``postrl/models/fused.c``); ``vocab``: the
 log-probability and entropy over the vocabulary (``postrl/models/vocab.c``); ``attention``:
@@ -12,11 +13,13 @@ gradients on AMX tiles (``postrl/models/tiles.py``, so ``bf16-master`` only). ``
 postrl run (SmolLM2, 4 prompts x 8, 64 new tokens, reading the sampler's record); the last
 step's update runs ``reps`` times each way (ABBA order, after an untimed warm-up), and the
 line gives the medians and their ratio. The steps before it train with the kernels on.
+``--multiply``: the update multiplies its own forward (``reuse_sampler_forward=false``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import types
 
@@ -63,11 +66,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps, the last one timed")
     parser.add_argument("--reps", type=int, default=5, help="updates each way")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))
+    parser.add_argument("--multiply", action="store_true",
+                        help="the update multiplies its forward (no record of the sampler's)")
     args = parser.parse_args()
     if native_kernels() is None:
         raise SystemExit(f"the native kernels are not available here: {unavailable_reason()}")
     switch = switches(PARTS if args.part == "all" else (args.part,))
-    trainer = Trainer(postrl_config(args.steps, seed=0, precision=args.precision))
+    config = postrl_config(args.steps, seed=0, precision=args.precision)
+    trainer = Trainer(dataclasses.replace(config, reuse_sampler_forward=not args.multiply))
     original = trainer._update
 
     def both_ways(batch):
@@ -85,7 +91,9 @@ def main() -> None:
 
         times, metrics = from_one_state(trainer, run, [None, *alternating(args.reps)])
         without, fused_ = (statistics.median(times[way]) for way in (False, True))
-        print(f"update ({args.precision}), {args.part}, {int(batch.lengths.sum())} tokens, "
+        forward = "multiplying its forward" if args.multiply else "reading the record"
+        print(f"update ({args.precision}, {forward}), {args.part}, "
+              f"{int(batch.lengths.sum())} tokens, "
               f"medians of {args.reps} each way: PyTorch's {without:.3f} s, fused "
               f"{fused_:.3f} s ({fused_ / without:.3f})")
         return metrics

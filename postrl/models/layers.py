@@ -27,10 +27,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx.experimental._config as fx_config
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from postrl.models import fused
+from postrl.models import fused, tiles
 from postrl.models.recorded import RecordedRows, recorded_linear
 
 MODEL_TYPES = ("llama", "qwen2")
@@ -266,9 +265,10 @@ def _mlp_block(layer, hidden: Tensor, known: dict[nn.Linear, Tensor] | None = No
 
 
 def _linear(x: Tensor, module: nn.Linear, output: Tensor | None = None) -> Tensor:
-    """``module(x)``; with ``output``, that value already known (the backward is the same)."""
+    """``module(x)``; with ``output``, that value already known (the backward is the same; in
+    bf16 on AMX tiles either way: ``postrl.models.tiles``)."""
     if output is None:
-        return F.linear(x, module.weight, module.bias)
+        return tiles.linear(x, module.weight, module.bias)
     return recorded_linear(x, module.weight, output, module.bias)
 
 

@@ -224,13 +224,7 @@ class _Recorded(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, weight = ctx.saved_tensors
-        needs_x, needs_weight, needs_bias, _ = ctx.needs_input_grad
-        flat = grad.reshape(-1, grad.shape[-1])
-        dx, dw = tiles.linear_backward(flat, x.reshape(-1, x.shape[-1]), weight, needs_x,
-                                       needs_weight)
-        return (dx.view(*grad.shape[:-1], weight.shape[1]) if dx is not None else None, dw,
-                flat.sum(dim=0) if needs_bias else None, None)
+        return (*tiles.backward(grad, *ctx.saved_tensors, *ctx.needs_input_grad[:3]), None)
 
 
 def recorded_linear(x: Tensor, weight: Tensor, output: Tensor,

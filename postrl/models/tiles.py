@@ -25,6 +25,7 @@ import ctypes
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from postrl.models.precision import master_of
@@ -94,6 +95,46 @@ def kernels(*tensors: Tensor) -> _Tiles | None:
 
     native = native_kernels()
     return _tiles(native.library) if native is not None and native.amx else None
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``, its backward by :func:`linear_backward` where
+    :func:`serves` says the tiles would take it (else ``F.linear`` itself)."""
+    if serves(x, weight):
+        return _Linear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def serves(x: Tensor, weight: Tensor) -> bool:
+    """Whether a linear of ``x`` by ``weight`` would have its backward on the tiles: both bf16
+    CPU tensors, a gradient to compute, AMX here."""
+    return (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+            and type(x) is Tensor and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+            and kernels(weight) is not None)
+
+
+class _Linear(torch.autograd.Function):
+    """``x W^T + b`` by ``F.linear``, differentiated by :func:`backward`."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return backward(grad, *ctx.saved_tensors, *ctx.needs_input_grad)
+
+
+def backward(grad: Tensor, x: Tensor, weight: Tensor, needs_x: bool, needs_weight: bool,
+             needs_bias: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The gradients of ``x W^T + b`` (``x [..., in]``) with respect to ``x``, ``W`` and
+    ``b`` given ``grad [..., out]``, each None where not needed (``W``'s also where it went
+    into its master's: :func:`linear_backward`)."""
+    flat = grad.reshape(-1, grad.shape[-1])
+    dx, dw = linear_backward(flat, x.reshape(-1, x.shape[-1]), weight, needs_x, needs_weight)
+    return (dx.view(*grad.shape[:-1], weight.shape[1]) if dx is not None else None, dw,
+            flat.sum(dim=0) if needs_bias else None)
 
 
 def linear_backward(grad: Tensor, x: Tensor, weight: Tensor, needs_x: bool,

@@ -133,3 +133,36 @@ def test_a_weight_wider_than_tall_takes_pytorchs_input_gradient(monkeypatch):
         dx, _ = tiles.linear_backward(bf16(7, shape[0]), bf16(7, shape[1]), weight, True, False)
         assert dx.shape == (7, shape[1])
     assert calls == [(96, 64), (64, 64)]
+
+
+@needs_amx
+@pytest.mark.parametrize("with_master", [False, True])
+def test_a_bf16_linear_multiplies_by_pytorchs_and_differentiates_on_the_tiles(with_master):
+    """``tiles.linear``: ``F.linear``'s value; its input, weight and bias gradients within a
+    rounding of autograd's (the weight's into its float32 master under ``bf16-master``)."""
+    torch.manual_seed(1)
+    model = nn.Linear(64, 96)
+    module = MasterWeights(model).working if with_master else nn.Linear(64, 96).bfloat16()
+    x = bf16(3, 9, 64).requires_grad_()
+    y = tiles.linear(x, module.weight, module.bias)
+    assert y.grad_fn.name() == "_LinearBackward"
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, module.weight, module.bias),
+                               rtol=0, atol=0)
+    grad = bf16(3, 9, 96)
+    y.backward(grad)
+    flat, inputs = grad.reshape(-1, 96), x.detach().reshape(-1, 64)
+    within_rounding(x.grad.reshape(-1, 64), flat, module.weight.detach(), rounded=True)
+    weight_grad = model.weight.grad if with_master else module.weight.grad
+    assert (module.weight.grad is None) == with_master
+    exact = flat.double().t() @ inputs.double()
+    assert float((weight_grad.double() - exact).abs().max()) < (1e-4 if with_master else 0.1)
+    bias_grad = model.bias.grad if with_master else module.bias.grad
+    torch.testing.assert_close(bias_grad.float(), flat.float().sum(0), rtol=0.01, atol=0.05)
+
+
+def test_a_linear_without_a_gradient_or_in_float32_is_pytorchs():
+    weight = torch.randn(32, 16, requires_grad=True)
+    assert tiles.linear(torch.randn(4, 16), weight).grad_fn.name() != "_LinearBackward"
+    assert not tiles.serves(torch.randn(4, 16), weight)
+    with torch.no_grad():
+        assert not tiles.serves(bf16(4, 16), weight.bfloat16())
