@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache
 
-from postrl.models import layers
+from postrl.models import layers, tiles
 from postrl.models.packing import Packing, attention_bias, pack_responses
 from postrl.models.recorded import RecordedRows, recorded_linear
 from postrl.models.vocab import logprob_and_entropy
@@ -294,7 +294,7 @@ class _HeadChunk(torch.autograd.Function):
             parameter.grad.addmm_(flat, inputs)
         else:  # autocast: the product in its dtype, the sum in the weight's
             parameter.grad.add_(flat @ inputs)
-        return grad @ weight, None, None
+        return tiles.input_grad(grad, weight), None, None
 
 
 def cache_keyword(module) -> str:

@@ -166,3 +166,16 @@ def test_a_linear_without_a_gradient_or_in_float32_is_pytorchs():
     assert not tiles.serves(torch.randn(4, 16), weight)
     with torch.no_grad():
         assert not tiles.serves(bf16(4, 16), weight.bfloat16())
+
+
+@needs_amx
+@pytest.mark.parametrize("outputs", [192, 160])
+def test_a_long_inner_dimension_goes_in_slices_summed_in_float32(monkeypatch, outputs):
+    """The LM head's ``dy W`` (49,152 outputs) runs in slices of ``SLICE`` outputs, here 64 (and
+    a last one of 32), summed in float32 and rounded once; ``grad``'s leading dimensions stay."""
+    monkeypatch.setattr(tiles, "SLICE", 64)
+    torch.manual_seed(outputs)
+    grad, weight = bf16(2, 21, outputs), bf16(outputs, 48)
+    got = tiles.input_grad(grad, weight)
+    assert got.shape == (2, 21, 48) and got.dtype == torch.bfloat16
+    within_rounding(got.reshape(-1, 48), grad.reshape(-1, outputs), weight, rounded=True)
