@@ -67,7 +67,7 @@ class _Tiles:
         if outputs <= SLICE:
             out = torch.empty(rows, inputs, dtype=torch.bfloat16)
             return self.product(grad, weight, out, _BF16)
-        total = torch.empty(rows, inputs)
+        total = torch.empty(rows, inputs, dtype=torch.float32)
         for start in range(0, outputs, SLICE):
             self.product(grad[:, start:start + SLICE], weight[start:start + SLICE], total,
                          _FLOAT if start == 0 else _FLOAT_ADD)
@@ -81,12 +81,11 @@ class _Tiles:
         transposed = torch.empty(outputs, padded, dtype=torch.bfloat16)
         self._transpose(grad.data_ptr(), rows, outputs, grad.stride(0), transposed.data_ptr(),
                         padded, torch.get_num_threads())
-        shape = (outputs, x.shape[1])
-        if total is None:
-            return self.product(transposed, x, torch.empty(shape), _FLOAT)
         if type(total) is Tensor and total.dtype == torch.float32 and total.is_contiguous():
             return self.product(transposed, x, total, _FLOAT_ADD)
-        return total.add_(self.product(transposed, x, torch.empty(shape), _FLOAT))
+        alone = self.product(transposed, x, torch.empty(outputs, x.shape[1],
+                                                        dtype=torch.float32), _FLOAT)
+        return alone if total is None else total.add_(alone)
 
 
 @functools.cache

@@ -179,3 +179,20 @@ def test_a_long_inner_dimension_goes_in_slices_summed_in_float32(monkeypatch, ou
     got = tiles.input_grad(grad, weight)
     assert got.shape == (2, 21, 48) and got.dtype == torch.bfloat16
     within_rounding(got.reshape(-1, 48), grad.reshape(-1, outputs), weight, rounded=True)
+
+
+@needs_amx
+def test_the_float32_sums_stay_float32_under_another_default_dtype(monkeypatch):
+    """The kernels write float32: their buffers are float32 whatever ``torch``'s default."""
+    monkeypatch.setattr(tiles, "SLICE", 64)
+    torch.set_default_dtype(torch.float64)
+    try:
+        grad, x, weight = bf16(9, 128), bf16(9, 48), bf16(128, 48)
+        kernel = tiles.kernels(grad, x, weight)
+        total = kernel.add_weight_grad(None, grad, x)
+        dx = tiles.input_grad(grad, weight)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert total.dtype == torch.float32
+    within_rounding(total, grad.t(), x, rounded=False)
+    within_rounding(dx, grad, weight, rounded=True)
