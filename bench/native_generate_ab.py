@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from postrl.rollout import lean, native, sampling
+from postrl.rollout import lean_weights, native, sampling
 
 
 def switches(part: str):
@@ -46,7 +46,7 @@ def switches(part: str):
         def tiles(on: bool) -> None:
             kernels.amx = amx if on else False
         return tiles
-    weights_of = lean.LeanWeights.of
+    weights_of = lean_weights.LeanWeights.of
     if part == "between":
         def without_between(model, dtype, rows):
             weights = weights_of(model, dtype, rows)
@@ -54,11 +54,11 @@ def switches(part: str):
                     else dataclasses.replace(weights, native=None, pointers=None))
 
         def between(on: bool) -> None:
-            lean.LeanWeights.of = weights_of if on else without_between
+            lean_weights.LeanWeights.of = weights_of if on else without_between
         return between
 
     def layers(on: bool) -> None:
-        lean.LeanWeights.of = weights_of if on else (
+        lean_weights.LeanWeights.of = weights_of if on else (
             lambda model, dtype, rows: dataclasses.replace(weights_of(model, dtype, rows),
                                                            pointers=None))
     return layers

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from postrl.rollout import lean, native
+from postrl.rollout import lean_weights, native
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
     for way in alternating(args.reps):
         os.environ[native.SWITCH] = "1" if way else "0"
         start = time.perf_counter()
-        weights = lean.LeanWeights.of(trainer.lm, torch.float32, len(rollouts.lengths))
+        weights = lean_weights.LeanWeights.of(trainer.lm, torch.float32, len(rollouts.lengths))
         packed = time.perf_counter()
         decode(weights, prompts, GROUP, MAX_NEW, rollouts.response_ids, rollouts.lengths,
                engine.pad_id)

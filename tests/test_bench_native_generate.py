@@ -5,7 +5,7 @@ with it."""
 import pytest
 import torch
 
-from postrl.rollout import lean, native, sampling
+from postrl.rollout import lean_weights, native, sampling
 from tests.bench_scripts import load_bench_script
 
 needs_native = pytest.mark.skipif(native.native_kernels() is None, reason="no native kernels")
@@ -17,17 +17,17 @@ def test_between_switches_the_bf16_samplers_work_between_its_linears(tiny):
     one call), its linears as they were; float32 keeps every kernel."""
     model, _ = tiny
     switch = load_bench_script("native_generate_ab").switches("between")
-    on = lean.LeanWeights.of(model, torch.bfloat16, rows=2)
+    on = lean_weights.LeanWeights.of(model, torch.bfloat16, rows=2)
     assert on.native is not None
     switch(False)
     try:
-        off = lean.LeanWeights.of(model, torch.bfloat16, rows=2)
+        off = lean_weights.LeanWeights.of(model, torch.bfloat16, rows=2)
         assert off.native is None and off.pointers is None
         assert (off.lm_head.native is None) == (on.lm_head.native is None)
-        assert lean.LeanWeights.of(model, torch.float32, rows=2).native is not None
+        assert lean_weights.LeanWeights.of(model, torch.float32, rows=2).native is not None
     finally:
         switch(True)
-    assert lean.LeanWeights.of(model, torch.bfloat16, rows=2).native is not None
+    assert lean_weights.LeanWeights.of(model, torch.bfloat16, rows=2).native is not None
 
 
 @needs_native
@@ -39,12 +39,12 @@ def test_draw_and_layers_switch_off_and_on(tiny):
     layers(False)
     try:
         assert sampling.native_kernels() is None
-        assert lean.LeanWeights.of(model, torch.float32, rows=2).pointers is None
+        assert lean_weights.LeanWeights.of(model, torch.float32, rows=2).pointers is None
     finally:
         draw(True)
         layers(True)
     assert sampling.native_kernels() is not None
-    assert lean.LeanWeights.of(model, torch.float32, rows=2).pointers is not None
+    assert lean_weights.LeanWeights.of(model, torch.float32, rows=2).pointers is not None
 
 
 @pytest.mark.skipif(native.native_kernels() is None or not native.native_kernels().amx,
@@ -52,11 +52,11 @@ def test_draw_and_layers_switch_off_and_on(tiny):
 def test_amx_switches_the_bf16_samplers_own_linears(tiny):
     model, _ = tiny
     switch = load_bench_script("native_generate_ab").switches("amx")
-    assert lean.LeanWeights.of(model, torch.bfloat16, rows=2).lm_head.native is not None
+    assert lean_weights.LeanWeights.of(model, torch.bfloat16, rows=2).lm_head.native is not None
     switch(False)
     try:
-        weights = lean.LeanWeights.of(model, torch.bfloat16, rows=2)
+        weights = lean_weights.LeanWeights.of(model, torch.bfloat16, rows=2)
         assert weights.lm_head.native is None and weights.native is not None
     finally:
         switch(True)
-    assert lean.LeanWeights.of(model, torch.bfloat16, rows=2).lm_head.native is not None
+    assert lean_weights.LeanWeights.of(model, torch.bfloat16, rows=2).lm_head.native is not None

@@ -37,7 +37,8 @@ from postrl.models.recorded import (
     record_dtype,
 )
 from postrl.rollout.base import Rollouts, SamplingParams, cat_right_padded
-from postrl.rollout.lean import LeanDecoder, LeanWeights, unsupported_reason
+from postrl.rollout.lean import LeanDecoder, unsupported_reason
+from postrl.rollout.lean_weights import LeanWeights
 from postrl.rollout.sampling import next_tokens, row_generators
 
 COMPACT_FRACTION = 0.25  # drop finished rows once they are this share of the running batch

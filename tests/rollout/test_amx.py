@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from postrl.rollout import native
-from postrl.rollout.lean import Linear
+from postrl.rollout.lean_weights import Linear
 
 kernels = native.native_kernels()
 needs_amx = pytest.mark.skipif(kernels is None or not kernels.amx,

@@ -12,7 +12,8 @@ from postrl.models.policy import apply_lora
 from postrl.rollout import HFRolloutEngine, SamplingParams, native
 from postrl.rollout import lean as lean_module
 from postrl.rollout.hf import left_padded
-from postrl.rollout.lean import LeanDecoder, LeanWeights, unsupported_reason
+from postrl.rollout.lean import LeanDecoder, unsupported_reason
+from postrl.rollout.lean_weights import LeanWeights
 
 
 def prompts(tokenizer):

@@ -16,7 +16,8 @@ from postrl.models.precision import bf16_copy
 from postrl.models.recorded import RecordedForward
 from postrl.rollout import HFRolloutEngine, SamplingParams, build, native
 from postrl.rollout.hf import left_padded
-from postrl.rollout.lean import LeanDecoder, LeanWeights
+from postrl.rollout.lean import LeanDecoder
+from postrl.rollout.lean_weights import LeanWeights
 
 needs_native = pytest.mark.skipif(native.native_kernels() is None,
                                   reason=f"no native kernels: {native.unavailable_reason()}")
