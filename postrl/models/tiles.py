@@ -30,7 +30,7 @@ from torch import Tensor
 
 from postrl.models.precision import master_of
 
-BLOCK = 32  # amx.c's tiles take the inner dimension 32 at a time
+BLOCK = 32  # amx.c's tiles take the inner dimension 32 at a time (native.AMX_INPUTS)
 # dy W's inner dimension in slices beyond this: the LM head's 49,152 at 512 rows, timed alone,
 # took 18.5 ms in slices of 2,048, 23.1 of 1,024, 22.6 of 4,096, and 35.5 in oneDNN
 SLICE = 2048
@@ -41,11 +41,15 @@ class _Tiles:
     """``amx.c``'s packing, transposition and product in the loaded native library."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        from postrl.rollout.native import bind  # not at the top: postrl.rollout imports this
+        from postrl.rollout.native import (  # not at the top: postrl.rollout imports this
+            amx_packed_size,
+            bind,
+        )
 
         pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         self._transpose = bind(library, "postrl_amx_transpose", pointer, size, size, size,
                                pointer, size, flag)
+        self._packed_size = amx_packed_size
         self._gemm = bind(library, "postrl_amx_gemm", pointer, size, size, size, pointer,
                           pointer, size, size, pointer, size, pointer, size, flag, flag)
 
@@ -54,7 +58,7 @@ class _Tiles:
         past ``kb`` up to ``k`` taken as zeros; rows of each contiguous). Each thread first
         packs the panels of ``b`` it multiplies by into tiles (``packed``: their scratch)."""
         (m, k), (kb, n) = a.shape, b.shape
-        packed = torch.empty(-(-n // 16) * (k // BLOCK) * 512, dtype=torch.bfloat16)
+        packed = torch.empty(self._packed_size(n, k), dtype=torch.bfloat16)
         self._gemm(a.data_ptr(), a.stride(0), m, k, packed.data_ptr(), b.data_ptr(), kb,
                    b.stride(0), None, n, out.data_ptr(), out.stride(0), mode,
                    torch.get_num_threads())

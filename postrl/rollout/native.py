@@ -143,7 +143,7 @@ class NativeKernels:
         if not self.amx or in_features % AMX_INPUTS:
             raise ValueError(f"native amx_pack: AMX and inputs of a multiple of {AMX_INPUTS} "
                              f"needed, got {in_features} (AMX {'on' if self.amx else 'off'})")
-        packed = torch.empty(_amx_packed_size(out_features, in_features),
+        packed = torch.empty(amx_packed_size(out_features, in_features),
                              dtype=torch.bfloat16)
         self._amx_pack(weight.data_ptr(), packed.data_ptr(), out_features, in_features,
                        torch.get_num_threads())
@@ -158,7 +158,7 @@ class NativeKernels:
         rows = x.reshape(-1, in_features).contiguous()
         shape = (rows.shape[0], out_features)
         if (rows.dtype != torch.bfloat16 or in_features % AMX_INPUTS
-                or packed.numel() != _amx_packed_size(out_features, in_features)
+                or packed.numel() != amx_packed_size(out_features, in_features)
                 or (bias is not None and (bias.dtype != torch.bfloat16
                                           or bias.shape != (out_features,)
                                           or not bias.is_contiguous()))):
@@ -350,9 +350,10 @@ def _output(out: Tensor | None, shape: tuple[int, int], dtype: torch.dtype,
     return out
 
 
-def _amx_packed_size(out_features: int, in_features: int) -> int:
-    """Values in ``amx.c``'s packing of a ``[out_features, in_features]`` weight: panels of
-    16 outputs, the last zero-padded."""
+def amx_packed_size(out_features: int, in_features: int) -> int:
+    """Values in ``amx.c``'s packing of a ``[out_features, in_features]`` weight (or of a
+    ``[in_features, out_features]`` operand packed by the product itself): panels of 16
+    outputs, the last zero-padded, ``in_features`` a multiple of 32."""
     return -(-out_features // 16) * 16 * in_features
 
 
