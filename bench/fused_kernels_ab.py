@@ -1,7 +1,7 @@
 """The update with the training forward's fused kernels against PyTorch's operations,
 alternated in one process from the same weights and optimizer state.
 
-    python bench/fused_kernels_ab.py --part norm_mlp|vocab|attention|rotate|all|tiles
+    python bench/fused_kernels_ab.py --part norm_mlp|vocab|attention|rotate|all|tiles|tile_attention
                                      [--steps 3] [--reps 5] [--precision fp32|bf16-master]
                                      [--multiply]
 
@@ -9,7 +9,10 @@ alternated in one process from the same weights and optimizer state.
 log-probability and entropy over the vocabulary (``postrl/models/vocab.c``); ``attention``:
 the attention's scaled, biased softmax (``fused.c``); ``rotate``: the rotary embedding of
 queries and keys (``fused.c``); ``all``: the four; ``tiles``: the backward's bf16 linear
-gradients on AMX tiles (``postrl/models/tiles.py``, so ``bf16-master`` only). ``bench/vs_trl.py``'s
+gradients on AMX tiles (``postrl/models/tiles.py``, so ``bf16-master`` only);
+``tile_attention``: the attention's forward and backward on AMX tiles, one kernel each
+(``postrl/models/tile_attention.py``, bf16 only; off: the fused softmax between PyTorch's
+``bmm``s). ``bench/vs_trl.py``'s
 postrl run (SmolLM2, 4 prompts x 8, 64 new tokens, reading the sampler's record); the last
 step's update runs ``reps`` times each way (ABBA order, after an untimed warm-up), and the
 line gives the medians and their ratio. The steps before it train with the kernels on.
@@ -23,23 +26,24 @@ import dataclasses
 import statistics
 import types
 
-from postrl.models import fused, tiles, vocab
+from postrl.models import fused, tile_attention, tiles, vocab
 from postrl.models.recorded import parameter_versions
 
-PARTS = ("norm_mlp", "vocab", "attention", "rotate")  # "all"; "tiles" on its own
+PARTS = ("norm_mlp", "vocab", "attention", "rotate")  # "all"; "tiles", "tile_attention" alone
 
 
 def switches(parts: tuple[str, ...]):
     """``switch(on)``: ``parts``' kernels on, or PyTorch's operations in their place."""
     kept = {"rms_norm": fused.rms_norm, "swiglu": fused.swiglu, "rotate": fused.rotate,
             "fuses_attention": fused.fuses_attention, "vocab": vocab.fused,
-            "tiles": tiles.kernels}
+            "tiles": tiles.kernels, "tile_attention": tile_attention.serves}
     off = {"rms_norm": fused.torch_rms_norm, "swiglu": fused.torch_swiglu,
            "rotate": fused.torch_rotate, "fuses_attention": lambda *args: False,
            "vocab": types.SimpleNamespace(native=lambda *tensors: None),
-           "tiles": lambda *tensors: None}
+           "tiles": lambda *tensors: None, "tile_attention": lambda *tensors: False}
     names = {"norm_mlp": ("rms_norm", "swiglu"), "attention": ("fuses_attention",),
-             "vocab": ("vocab",), "rotate": ("rotate",), "tiles": ("tiles",)}
+             "vocab": ("vocab",), "rotate": ("rotate",), "tiles": ("tiles",),
+             "tile_attention": ("tile_attention",)}
 
     def switch(on: bool) -> None:
         for part in parts:
@@ -49,6 +53,8 @@ def switches(parts: tuple[str, ...]):
                     vocab.fused = value
                 elif name == "tiles":
                     tiles.kernels = value
+                elif name == "tile_attention":
+                    tile_attention.serves = value
                 else:
                     setattr(fused, name, value)
     return switch
@@ -62,7 +68,7 @@ def main() -> None:
     from postrl.train.trainer import Trainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", required=True, choices=(*PARTS, "all", "tiles"))
+    parser.add_argument("--part", required=True, choices=(*PARTS, "all", "tiles", "tile_attention"))
     parser.add_argument("--steps", type=int, default=3, help="steps, the last one timed")
     parser.add_argument("--reps", type=int, default=5, help="updates each way")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))

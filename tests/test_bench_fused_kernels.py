@@ -5,7 +5,7 @@ nothing), and on again, by the kernels."""
 import pytest
 import torch
 
-from postrl.models import fused, tiles, vocab
+from postrl.models import fused, layers, tiles, vocab
 from postrl.rollout import native
 from tests.bench_scripts import load_bench_script
 
@@ -53,3 +53,26 @@ def test_the_tiles_part_switches_the_backwards_amx_products_off_and_on():
     finally:
         switch(True)
     assert tiles.kernels(rows) is not None
+
+
+@pytest.mark.skipif(native.native_kernels() is None or not native.native_kernels().amx,
+                    reason="no native kernels or no AMX tiles")
+def test_the_tile_attention_part_switches_the_attention_kernel_off_and_on():
+    """Off, the layers' attention runs PyTorch's bmms around the fused softmax (the grad_fn of
+    its output is a view's, not the kernel's)."""
+    bench = load_bench_script("fused_kernels_ab")
+    switch = bench.switches(("tile_attention",))
+    query = torch.randn(2, 4, 5, 32, dtype=torch.bfloat16, requires_grad=True)
+    keys = torch.randn(2, 2, 7, 32, dtype=torch.bfloat16)
+    bias = torch.zeros(2, 1, 5, 7, dtype=torch.bfloat16)
+
+    def kernel() -> bool:
+        return layers._attend(query, keys, keys, bias, 0.2).grad_fn.name() == "_AttentionBackward"
+
+    assert kernel()
+    switch(False)
+    try:
+        assert not kernel() and tiles.kernels(keys.flatten(0, 2)) is not None
+    finally:
+        switch(True)
+    assert kernel()

@@ -29,7 +29,7 @@ import torch
 import torch.fx.experimental._config as fx_config
 from torch import Tensor, nn
 
-from postrl.models import fused, tiles
+from postrl.models import fused, tile_attention, tiles
 from postrl.models.recorded import RecordedRows, recorded_linear
 
 MODEL_TYPES = ("llama", "qwen2")
@@ -288,7 +288,10 @@ def _attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: fl
     kv_heads, T, d]``, the scores times ``scale``; query head ``h`` reads key/value head
     ``h // group``. The softmax with its scale and bias is one kernel where
     ``postrl.models.fused`` has it; elsewhere the scale multiplies the queries, the smaller
-    tensor."""
+    tensor. On AMX tiles in bf16, one kernel forward and one backward
+    (``postrl.models.tile_attention``)."""
+    if tile_attention.serves(query, keys, values, bias):
+        return tile_attention.attention(query, keys, values, bias, scale)
     rows, heads, width, dim = query.shape
     kv_heads, columns = keys.shape[1], keys.shape[2]
     group = heads // kv_heads

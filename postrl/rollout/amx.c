@@ -1,5 +1,7 @@
 /* bf16 matrix products on Intel AMX tiles, float32 accumulation, rounded once where the
- * output is bf16: the bf16 sampler's linear layers, and the update's linear gradients.
+ * output is bf16: the bf16 sampler's linear layers, the update's linear gradients, and the
+ * training attention, forward and backward (postrl_amx_attention_*: every product and the
+ * softmax of one row and key/value head in one pass, in that core's cache).
  *
  * A decode step multiplies a few rows by every weight once, so it is bound by reading the
  * weights; oneDNN's packed bf16 linear read SmolLM2's 269 MB at about 14 GB/s at the bench's
@@ -20,7 +22,9 @@
  * tiles when done (PyTorch's cpublas::brgemm skips reloading a configuration it believes
  * loaded until its users release it, which they do at the end of each parallel region).
  */
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "simd.h"
@@ -67,26 +71,34 @@ static inline void transpose16x16(__m512i r[16]) {
     }
 }
 
-/* w [n, k] bf16 (contiguous, k a multiple of 32) into packed: panels of 16 outputs (zeros past
- * n), each k / 32 tiles of 16 rows by 64 bytes; tile row i holds, for each of the panel's
- * outputs, its inputs 2i and 2i + 1 of the block. A block of W, 16 outputs by 16 input pairs,
- * is that tile transposed (pairs as 32-bit values). */
+/* Tile `tile` (panel tile / blocks, block tile % blocks) of w [n, k] (row stride ld, bf16)
+ * packed: panels of 16 outputs (zeros past n), each blocks = (k + 31) / 32 tiles of 16 rows
+ * by 64 bytes (zeros past k); tile row i holds, for each of the panel's outputs, its inputs
+ * 2i and 2i + 1 of the block. A block of w, 16 outputs by 16 input pairs, is that tile
+ * transposed (pairs as 32-bit values). */
+static inline void pack_nk_tile(const uint16_t *w, int64_t n, int64_t k, int64_t ld,
+                                uint16_t *packed, int64_t tile, int64_t blocks) {
+    int64_t p = tile / blocks, b = tile % blocks, inputs = k - 32 * b;
+    __mmask32 read = (__mmask32)(inputs >= 32 ? ~0u : (1u << inputs) - 1);
+    __m512i r[16];
+    for (int c = 0; c < 16; c++)
+        r[c] = p * 16 + c < n ? _mm512_maskz_loadu_epi16(read, w + (p * 16 + c) * ld + b * 32)
+                              : _mm512_setzero_si512();
+    transpose16x16(r);
+    for (int i = 0; i < 16; i++) _mm512_storeu_si512(packed + tile * 512 + i * 32, r[i]);
+}
+
+/* w [n, k] bf16 (contiguous, k a multiple of 32) into packed, pack_nk_tile's layout: the
+ * sampler's weights, once per `generate`. */
 void postrl_amx_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k, int threads) {
     int64_t panels = (n + 15) / 16, blocks = k / 32;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t tile = 0; tile < panels * blocks; tile++) {
-        int64_t p = tile / blocks, b = tile % blocks;
-        __m512i r[16];
-        for (int c = 0; c < 16; c++)
-            r[c] = p * 16 + c < n ? _mm512_loadu_si512(w + (p * 16 + c) * k + b * 32)
-                                  : _mm512_setzero_si512();
-        transpose16x16(r);
-        for (int i = 0; i < 16; i++) _mm512_storeu_si512(packed + tile * 512 + i * 32, r[i]);
-    }
+    for (int64_t tile = 0; tile < panels * blocks; tile++)
+        pack_nk_tile(w, n, k, k, packed, tile, blocks);
 }
 
 /* Tile `tile` (panel tile / blocks, block tile % blocks) of b [k, n] (row stride ld, bf16)
- * packed as postrl_amx_pack packs b^T: panels of 16 columns (zeros past n), each
+ * packed as pack_nk_tile packs b^T: panels of 16 columns (zeros past n), each
  * blocks = (k + 31) / 32 tiles (zeros past k); tile row i holds, for each of the panel's
  * columns, b's rows 2i and 2i + 1 of the block side by side. */
 static inline void pack_kn_tile(const uint16_t *b, int64_t k, int64_t n, int64_t ld,
@@ -129,27 +141,33 @@ static inline void transpose32x32(__m512i r[32]) {
     }
 }
 
+/* Block `block` (32 by 32) of dst [c, ld_dst] := src [r, c]^T (bf16, src's row stride
+ * ld_src), dst's columns from r to ld_dst zero. */
+static inline void transpose_block(const uint16_t *src, int64_t r, int64_t c, int64_t ld_src,
+                                   uint16_t *dst, int64_t ld_dst, int64_t block) {
+    int64_t column_blocks = (c + 31) / 32, i = block / column_blocks, j = block % column_blocks;
+    int64_t columns = c - 32 * j < 32 ? c - 32 * j : 32;
+    int64_t width = ld_dst - 32 * i < 32 ? ld_dst - 32 * i : 32;
+    __mmask32 read = (__mmask32)(columns == 32 ? ~0u : (1u << columns) - 1);
+    __mmask32 write = (__mmask32)(width == 32 ? ~0u : (1u << width) - 1);
+    __m512i v[32];
+    for (int t = 0; t < 32; t++)
+        v[t] = 32 * i + t < r
+            ? _mm512_maskz_loadu_epi16(read, src + (32 * i + t) * ld_src + 32 * j)
+            : _mm512_setzero_si512();
+    transpose32x32(v);
+    for (int t = 0; t < columns; t++)
+        _mm512_mask_storeu_epi16(dst + (32 * j + t) * ld_dst + 32 * i, write, v[t]);
+}
+
 /* dst [c, ld_dst] := src [r, c]^T (bf16, src's row stride ld_src), dst's columns from r to
  * ld_dst zero: the first operand of a product over src's rows, padded to the tiles' 32. */
 void postrl_amx_transpose(const uint16_t *src, int64_t r, int64_t c, int64_t ld_src,
                           uint16_t *dst, int64_t ld_dst, int threads) {
-    int64_t row_blocks = (ld_dst + 31) / 32, column_blocks = (c + 31) / 32;
+    int64_t blocks = (ld_dst + 31) / 32 * ((c + 31) / 32);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t block = 0; block < row_blocks * column_blocks; block++) {
-        int64_t i = block / column_blocks, j = block % column_blocks;
-        int64_t columns = c - 32 * j < 32 ? c - 32 * j : 32;
-        int64_t width = ld_dst - 32 * i < 32 ? ld_dst - 32 * i : 32;
-        __mmask32 read = (__mmask32)(columns == 32 ? ~0u : (1u << columns) - 1);
-        __mmask32 write = (__mmask32)(width == 32 ? ~0u : (1u << width) - 1);
-        __m512i v[32];
-        for (int t = 0; t < 32; t++)
-            v[t] = 32 * i + t < r
-                ? _mm512_maskz_loadu_epi16(read, src + (32 * i + t) * ld_src + 32 * j)
-                : _mm512_setzero_si512();
-        transpose32x32(v);
-        for (int t = 0; t < columns; t++)
-            _mm512_mask_storeu_epi16(dst + (32 * j + t) * ld_dst + 32 * i, write, v[t]);
-    }
+    for (int64_t block = 0; block < blocks; block++)
+        transpose_block(src, r, c, ld_src, dst, ld_dst, block);
 }
 
 /* Rows [m0, m0 + rows) of a (row stride lda) times two panels (one when `two` is 0), rows <=
@@ -273,6 +291,208 @@ void postrl_amx_linear(const uint16_t *x, int64_t m, int64_t k, const uint16_t *
                     threads);
 }
 
+/* b [k, n] packed into tiles for a product over k: b's (r, c) at b + r * br + c * bc, one
+ * of the two strides 1 (pack_kn_tile's rows, or pack_nk_tile's transposed rows). */
+static void pack_any(const uint16_t *b, int64_t br, int64_t bc, int64_t k, int64_t n,
+                     uint16_t *packed) {
+    int64_t blocks = (k + 31) / 32, tiles = (n + 15) / 16 * blocks;
+    for (int64_t tile = 0; tile < tiles; tile++)
+        if (bc == 1) pack_kn_tile(b, k, n, br, packed, tile, blocks);
+        else pack_nk_tile(b, n, k, bc, packed, tile, blocks);
+}
+
+/* out [m, n] (row stride ldo) := x [m, k] (row stride lda, k a multiple of 32) times b packed
+ * by pack_any, on this thread, `mode` as write_pair's; *configured: the rows the tiles are
+ * configured for (-1: none yet). */
+static void product_rows(const uint16_t *x, int64_t lda, int64_t m, int64_t k,
+                         const uint16_t *packed, int64_t n, void *out, int64_t ldo, int mode,
+                         int *configured) {
+    int64_t panels = (n + 15) / 16, blocks = k / 32;
+    float c[4 * 256];
+    for (int64_t m0 = 0; m0 < m; m0 += 32) {
+        int count = m - m0 < 32 ? (int)(m - m0) : 32;
+        if (count != *configured) configure(*configured = count);
+        for (int64_t q = 0; q < (panels + 1) / 2; q++) {
+            int two = 2 * q + 1 < panels;
+            panel_pair(x, lda, m0, count, k, packed + 2 * q * blocks * 512, two, c);
+            write_pair(c, m0, count, two, 32 * q, n, NULL, out, ldo, mode);
+        }
+    }
+}
+
+/* dst [c, ld_dst] := src [r, c]^T, zeros past r: postrl_amx_transpose on this thread. */
+static void transpose_all(const uint16_t *src, int64_t r, int64_t c, int64_t ld_src,
+                          uint16_t *dst, int64_t ld_dst) {
+    int64_t blocks = (ld_dst + 31) / 32 * ((c + 31) / 32);
+    for (int64_t block = 0; block < blocks; block++)
+        transpose_block(src, r, c, ld_src, dst, ld_dst, block);
+}
+
+#define ROUND32(x) (((x) + 31) / 32 * 32)
+
+/* lo and hi, 32 values, rounded to bf16 (to nearest, ties to even) into dst: one instruction
+ * with AVX512-BF16 (which flushes subnormal values to 0: below 1.2e-38), else store16's. */
+static inline void store32(uint16_t *dst, __m512 lo, __m512 hi) {
+#ifdef __AVX512BF16__
+    _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+#else
+    store16(dst, 0, lo, 1, 16);
+    store16(dst, 16, hi, 1, 16);
+#endif
+}
+
+/* The training attention of one micro-batch, forward: for each row b and key/value head h,
+ * its `group` query heads' rows q [group * width, dim] over keys and values [columns, dim]:
+ * weights = softmax(scale * q k^T + bias[b]) (float32 scores, each query row w of a head
+ * with the bias row w; rounded to bf16 and kept for the backward), out = weights v rounded
+ * to bf16, written where the output projection reads it: out [rows, width, heads * dim].
+ * q [rows, heads, width, dim], keys and values [rows, kv_heads, columns, dim], bias [rows,
+ * width, columns], weights [rows, heads, width, columns], all contiguous bf16; dim a multiple
+ * of 32. Each thread takes whole (b, h) items: the scores never leave its cache. */
+void postrl_amx_attention_forward(const uint16_t *q, const uint16_t *keys,
+                                  const uint16_t *values, const uint16_t *bias,
+                                  uint16_t *weights, uint16_t *out, int64_t rows,
+                                  int64_t heads, int64_t kv_heads, int64_t width,
+                                  int64_t columns, int64_t dim, float scale, int threads) {
+    int64_t group = heads / kv_heads, lines = group * width, padded = ROUND32(columns);
+    int64_t items = rows * kv_heads;
+    int64_t packed_size = ((columns + 15) / 16 * (dim / 32) > (dim + 15) / 16 * (padded / 32)
+        ? (columns + 15) / 16 * (dim / 32) : (dim + 15) / 16 * (padded / 32)) * 512;
+    if (items < threads) threads = (int)items;
+#pragma omp parallel num_threads(threads)
+    {
+        float *z = aligned_alloc(64, (size_t)(lines * padded * 4));
+        uint16_t *p = aligned_alloc(64, (size_t)(lines * padded * 2));
+        uint16_t *packed = aligned_alloc(64, (size_t)(packed_size * 2));
+        int configured = -1;
+        __m512 vscale = _mm512_set1_ps(scale);
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < items; item++) {
+            int64_t b = item / kv_heads, h = item % kv_heads;
+            const uint16_t *qi = q + item * lines * dim;
+            const uint16_t *k = keys + item * columns * dim, *v = values + item * columns * dim;
+            uint16_t *wi = weights + item * lines * columns;
+            pack_any(k, 1, dim, dim, columns, packed); /* k^T [dim, columns] */
+            product_rows(qi, dim, lines, dim, packed, columns, z, padded, AMX_FLOAT,
+                         &configured);
+            for (int64_t r = 0; r < lines; r++) {
+                const uint16_t *bi = bias + (b * width + r % width) * columns;
+                float *zr = z + r * padded;
+                __m512 most = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+                for (int64_t i = 0; i < columns; i += 16) {
+                    __m512 x = _mm512_fmadd_ps(_mm512_loadu_ps(zr + i), vscale,
+                                               load16(bi, i, 1, columns - i));
+                    _mm512_storeu_ps(zr + i, x);
+                    most = _mm512_max_ps(most, _mm512_mask_mov_ps(most, lanes(columns - i), x));
+                }
+                __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(most));
+                for (int64_t i = 0; i < columns; i += 16) { /* exp16 is 0 below -87: */
+                    __m512 x = _mm512_sub_ps(_mm512_loadu_ps(zr + i), top); /* masked keys */
+                    __mmask16 live = lanes(columns - i)
+                        & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+                    __m512 e = live ? _mm512_maskz_mov_ps(live, exp16(x)) : _mm512_setzero_ps();
+                    _mm512_storeu_ps(zr + i, e);
+                    sum = _mm512_add_ps(sum, e);
+                }
+                __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+                for (int64_t i = 0; i < padded; i += 32) /* zeros past columns */
+                    store32(p + r * padded + i,
+                            _mm512_maskz_mul_ps(lanes(columns - i), _mm512_loadu_ps(zr + i),
+                                                inverse),
+                            _mm512_maskz_mul_ps(lanes(columns - i - 16),
+                                                _mm512_loadu_ps(zr + i + 16), inverse));
+                for (int64_t i = 0; i < columns; i += 32) /* the weights kept */
+                    _mm512_mask_storeu_epi16(wi + r * columns + i, (__mmask32)(columns - i >= 32
+                        ? ~0u : (1u << (columns - i)) - 1), _mm512_loadu_si512(p + r * padded + i));
+            }
+            pack_any(v, dim, 1, columns, dim, packed);
+            for (int64_t g = 0; g < group; g++) /* head h * group + g's rows */
+                product_rows(p + g * width * padded, padded, width, padded, packed, dim,
+                             out + b * width * heads * dim + (h * group + g) * dim, heads * dim,
+                             AMX_BF16, &configured);
+        }
+        if (configured >= 0) _tile_release();
+        free(z);
+        free(p);
+        free(packed);
+    }
+}
+
+/* Its backward, for grad [rows, width, heads * dim] (contiguous), the forward's inputs and
+ * weights: dq [rows, heads, width, dim], dkeys and dvalues [rows, kv_heads, columns, dim]
+ * (bf16, written whole). Per item: dp = dout v^T (float32), ds = scale * p (dp - sum_j p_j
+ * dp_j) (rounded to bf16), dq = ds k, dk = ds^T q, dv = p^T dout. */
+void postrl_amx_attention_backward(const uint16_t *grad, const uint16_t *q,
+                                   const uint16_t *keys, const uint16_t *values,
+                                   const uint16_t *weights, uint16_t *dq, uint16_t *dkeys,
+                                   uint16_t *dvalues, int64_t rows, int64_t heads,
+                                   int64_t kv_heads, int64_t width, int64_t columns,
+                                   int64_t dim, float scale, int threads) {
+    int64_t group = heads / kv_heads, lines = group * width, padded = ROUND32(columns);
+    int64_t tall = ROUND32(lines), items = rows * kv_heads;
+    int64_t deepest = padded > tall ? padded : tall;
+    int64_t packed_size = ((columns + 15) / 16 * (dim / 32) > (dim + 15) / 16 * (deepest / 32)
+        ? (columns + 15) / 16 * (dim / 32) : (dim + 15) / 16 * (deepest / 32)) * 512;
+    if (items < threads) threads = (int)items;
+#pragma omp parallel num_threads(threads)
+    {
+        float *dp = aligned_alloc(64, (size_t)(lines * padded * 4));
+        uint16_t *ds = aligned_alloc(64, (size_t)(lines * padded * 2));
+        uint16_t *across = aligned_alloc(64, (size_t)(padded * tall * 2)); /* a transpose */
+        uint16_t *dout = aligned_alloc(64, (size_t)(lines * dim * 2));
+        uint16_t *packed = aligned_alloc(64, (size_t)(packed_size * 2));
+        int configured = -1;
+        __m512 vscale = _mm512_set1_ps(scale);
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < items; item++) {
+            int64_t b = item / kv_heads, h = item % kv_heads;
+            const uint16_t *qi = q + item * lines * dim, *wi = weights + item * lines * columns;
+            const uint16_t *k = keys + item * columns * dim, *v = values + item * columns * dim;
+            for (int64_t g = 0; g < group; g++) /* this item's rows of grad, head by head */
+                for (int64_t w = 0; w < width; w++)
+                    memcpy(dout + (g * width + w) * dim,
+                           grad + (b * width + w) * heads * dim + (h * group + g) * dim,
+                           (size_t)dim * 2);
+            pack_any(v, 1, dim, dim, columns, packed); /* v^T [dim, columns] */
+            product_rows(dout, dim, lines, dim, packed, columns, dp, padded, AMX_FLOAT,
+                         &configured);
+            for (int64_t r = 0; r < lines; r++) {
+                const uint16_t *pr = wi + r * columns;
+                float *dr = dp + r * padded;
+                __m512 dot = _mm512_setzero_ps();
+                for (int64_t i = 0; i < columns; i += 16)
+                    dot = _mm512_fmadd_ps(load16(pr, i, 1, columns - i),
+                                          _mm512_maskz_loadu_ps(lanes(columns - i), dr + i), dot);
+                __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(dot));
+                __m512 x[2];
+                for (int64_t i = 0; i < padded; i += 16) { /* zeros past columns: p is 0 */
+                    x[i / 16 % 2] = _mm512_mul_ps(_mm512_mul_ps(load16(pr, i, 1, columns - i),
+                        _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes(columns - i), dr + i), total)),
+                        vscale);
+                    if (i % 32) store32(ds + r * padded + i - 16, x[0], x[1]);
+                }
+            }
+            pack_any(k, dim, 1, columns, dim, packed);
+            product_rows(ds, padded, lines, padded, packed, dim, dq + item * lines * dim, dim,
+                         AMX_BF16, &configured);
+            transpose_all(ds, lines, columns, padded, across, tall); /* ds^T [columns, tall] */
+            pack_any(qi, dim, 1, lines, dim, packed);
+            product_rows(across, tall, columns, tall, packed, dim, dkeys + item * columns * dim,
+                         dim, AMX_BF16, &configured);
+            transpose_all(wi, lines, columns, columns, across, tall); /* p^T */
+            pack_any(dout, dim, 1, lines, dim, packed);
+            product_rows(across, tall, columns, tall, packed, dim,
+                         dvalues + item * columns * dim, dim, AMX_BF16, &configured);
+        }
+        if (configured >= 0) _tile_release();
+        free(dp);
+        free(ds);
+        free(across);
+        free(dout);
+        free(packed);
+    }
+}
+
 #else /* no AMX: the sampler and the update keep oneDNN's matmuls */
 int postrl_amx_available(void) { return 0; }
 void postrl_amx_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k, int threads) {
@@ -287,6 +507,25 @@ void postrl_amx_gemm(const uint16_t *a, int64_t lda, int64_t m, int64_t k, uint1
                      int64_t n, void *out, int64_t ldc, int mode, int threads) {
     (void)a; (void)lda; (void)m; (void)k; (void)packed; (void)b; (void)kb; (void)ldb;
     (void)bias; (void)n; (void)out; (void)ldc; (void)mode; (void)threads;
+}
+void postrl_amx_attention_forward(const uint16_t *q, const uint16_t *keys,
+                                  const uint16_t *values, const uint16_t *bias,
+                                  uint16_t *weights, uint16_t *out, int64_t rows,
+                                  int64_t heads, int64_t kv_heads, int64_t width,
+                                  int64_t columns, int64_t dim, float scale, int threads) {
+    (void)q; (void)keys; (void)values; (void)bias; (void)weights; (void)out; (void)rows;
+    (void)heads; (void)kv_heads; (void)width; (void)columns; (void)dim; (void)scale;
+    (void)threads;
+}
+void postrl_amx_attention_backward(const uint16_t *grad, const uint16_t *q,
+                                   const uint16_t *keys, const uint16_t *values,
+                                   const uint16_t *weights, uint16_t *dq, uint16_t *dkeys,
+                                   uint16_t *dvalues, int64_t rows, int64_t heads,
+                                   int64_t kv_heads, int64_t width, int64_t columns,
+                                   int64_t dim, float scale, int threads) {
+    (void)grad; (void)q; (void)keys; (void)values; (void)weights; (void)dq; (void)dkeys;
+    (void)dvalues; (void)rows; (void)heads; (void)kv_heads; (void)width; (void)columns;
+    (void)dim; (void)scale; (void)threads;
 }
 void postrl_amx_linear(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
                        const uint16_t *bias, int64_t n, uint16_t *y, int threads) {
