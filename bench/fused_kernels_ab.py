@@ -1,7 +1,8 @@
 """The update with the training forward's fused kernels against PyTorch's operations,
 alternated in one process from the same weights and optimizer state.
 
-    python bench/fused_kernels_ab.py --part norm_mlp|vocab|attention|rotate|all|tiles|tile_attention
+    python bench/fused_kernels_ab.py --part norm_mlp|vocab|attention|rotate|all
+                                            |tiles|tile_attention|tile_groups
                                      [--steps 3] [--reps 5] [--precision fp32|bf16-master]
                                      [--multiply]
 
@@ -12,7 +13,9 @@ queries and keys (``fused.c``); ``all``: the four; ``tiles``: the backward's bf1
 gradients on AMX tiles (``postrl/models/tiles.py``, so ``bf16-master`` only);
 ``tile_attention``: the attention's forward and backward on AMX tiles, one kernel each
 (``postrl/models/tile_attention.py``, bf16 only; off: the fused softmax between PyTorch's
-``bmm``s). ``bench/vs_trl.py``'s
+``bmm``s); ``tile_groups``: one backward for the linears that read the same input, their
+input gradients summed in float32 on the tiles (``tiles.linears``; off: autograd adds each
+linear's). ``bench/vs_trl.py``'s
 postrl run (SmolLM2, 4 prompts x 8, 64 new tokens, reading the sampler's record); the last
 step's update runs ``reps`` times each way (ABBA order, after an untimed warm-up), and the
 line gives the medians and their ratio. The steps before it train with the kernels on.
@@ -29,21 +32,23 @@ import types
 from postrl.models import fused, tile_attention, tiles, vocab
 from postrl.models.recorded import parameter_versions
 
-PARTS = ("norm_mlp", "vocab", "attention", "rotate")  # "all"; "tiles", "tile_attention" alone
+PARTS = ("norm_mlp", "vocab", "attention", "rotate")  # "all"; the tiles' parts alone
 
 
 def switches(parts: tuple[str, ...]):
     """``switch(on)``: ``parts``' kernels on, or PyTorch's operations in their place."""
     kept = {"rms_norm": fused.rms_norm, "swiglu": fused.swiglu, "rotate": fused.rotate,
             "fuses_attention": fused.fuses_attention, "vocab": vocab.fused,
-            "tiles": tiles.kernels, "tile_attention": tile_attention.serves}
+            "tiles": tiles.kernels, "tile_attention": tile_attention.serves,
+            "tile_groups": tiles.serves_together}
     off = {"rms_norm": fused.torch_rms_norm, "swiglu": fused.torch_swiglu,
            "rotate": fused.torch_rotate, "fuses_attention": lambda *args: False,
            "vocab": types.SimpleNamespace(native=lambda *tensors: None),
-           "tiles": lambda *tensors: None, "tile_attention": lambda *tensors: False}
+           "tiles": lambda *tensors: None, "tile_attention": lambda *tensors: False,
+           "tile_groups": lambda *tensors: False}
     names = {"norm_mlp": ("rms_norm", "swiglu"), "attention": ("fuses_attention",),
              "vocab": ("vocab",), "rotate": ("rotate",), "tiles": ("tiles",),
-             "tile_attention": ("tile_attention",)}
+             "tile_attention": ("tile_attention",), "tile_groups": ("tile_groups",)}
 
     def switch(on: bool) -> None:
         for part in parts:
@@ -55,6 +60,8 @@ def switches(parts: tuple[str, ...]):
                     tiles.kernels = value
                 elif name == "tile_attention":
                     tile_attention.serves = value
+                elif name == "tile_groups":
+                    tiles.serves_together = value
                 else:
                     setattr(fused, name, value)
     return switch
@@ -68,7 +75,8 @@ def main() -> None:
     from postrl.train.trainer import Trainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", required=True, choices=(*PARTS, "all", "tiles", "tile_attention"))
+    parser.add_argument("--part", required=True, choices=(*PARTS, "all", "tiles", "tile_attention",
+                                                    "tile_groups"))
     parser.add_argument("--steps", type=int, default=3, help="steps, the last one timed")
     parser.add_argument("--reps", type=int, default=5, help="updates each way")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))

@@ -97,17 +97,16 @@ void postrl_amx_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k, 
         pack_nk_tile(w, n, k, k, packed, tile, blocks);
 }
 
-/* Tile `tile` (panel tile / blocks, block tile % blocks) of b [k, n] (row stride ld, bf16)
- * packed as pack_nk_tile packs b^T: panels of 16 columns (zeros past n), each
- * blocks = (k + 31) / 32 tiles (zeros past k); tile row i holds, for each of the panel's
- * columns, b's rows 2i and 2i + 1 of the block side by side. */
+/* The tile of panel p, block `block` of b [k, n] (row stride ld, bf16) into dst (512
+ * values), packed as pack_nk_tile packs b^T: panels of 16 columns (zeros past n), each
+ * (k + 31) / 32 tiles (zeros past k); tile row i holds, for each of the panel's columns,
+ * b's rows 2i and 2i + 1 of the block side by side. */
 static inline void pack_kn_tile(const uint16_t *b, int64_t k, int64_t n, int64_t ld,
-                                uint16_t *packed, int64_t tile, int64_t blocks) {
+                                uint16_t *dst, int64_t p, int64_t block) {
     static const uint16_t order[32] = { /* lane 2c: the first row's column c, 2c + 1 the next's */
         0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
         8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     __m512i pairs = _mm512_loadu_si512(order);
-    int64_t p = tile / blocks, block = tile % blocks;
     __mmask16 columns = lanes(n - 16 * p);
     for (int i = 0; i < 16; i++) {
         int64_t first = 32 * block + 2 * i;
@@ -116,7 +115,7 @@ static inline void pack_kn_tile(const uint16_t *b, int64_t k, int64_t n, int64_t
         __m256i y = first + 1 < k
             ? _mm256_maskz_loadu_epi16(columns, b + (first + 1) * ld + 16 * p)
             : _mm256_setzero_si256();
-        _mm512_storeu_si512(packed + tile * 512 + i * 32,
+        _mm512_storeu_si512(dst + i * 32,
                             _mm512_permutex2var_epi16(_mm512_zextsi256_si512(x), pairs,
                                                       _mm512_zextsi256_si512(y)));
     }
@@ -172,9 +171,11 @@ void postrl_amx_transpose(const uint16_t *src, int64_t r, int64_t c, int64_t ld_
 
 /* Rows [m0, m0 + rows) of a (row stride lda) times two panels (one when `two` is 0), rows <=
  * 32, with the tile configuration loaded for this row count; the products into c (4 * 256
- * floats: panel h's row r at c + 512 h + 16 r). */
+ * floats: panel h's row r at c + 512 h + 16 r). With `at` (not NULL), block b's columns of a
+ * are at[b] (row stride lds[b]) instead: a sum of products over their segments. */
 static inline void panel_pair(const uint16_t *a, int64_t lda, int64_t m0, int rows, int64_t k,
-                              const uint16_t *pa, int two, float *c) {
+                              const uint16_t *pa, int two, float *c,
+                              const uint16_t *const *at, const int64_t *lds) {
     int64_t blocks = k / 32;
     const uint16_t *pb = pa + blocks * 512;
     int upper = rows > 16;
@@ -184,7 +185,9 @@ static inline void panel_pair(const uint16_t *a, int64_t lda, int64_t m0, int ro
             _mm_prefetch((const char *)(pa + (b + 2) * 512) + 64 * l, _MM_HINT_T0);
             if (two) _mm_prefetch((const char *)(pb + (b + 2) * 512) + 64 * l, _MM_HINT_T0);
         }
-        _tile_loadd(4, a + m0 * lda + b * 32, lda * 2);
+        const uint16_t *ab = at ? at[b] : a + b * 32;
+        int64_t ld = at ? lds[b] : lda;
+        _tile_loadd(4, ab + m0 * ld, ld * 2);
         _tile_loadd(6, pa + b * 512, 64);
         _tile_dpbf16ps(0, 4, 6);
         if (two) {
@@ -192,7 +195,7 @@ static inline void panel_pair(const uint16_t *a, int64_t lda, int64_t m0, int ro
             _tile_dpbf16ps(2, 4, 7);
         }
         if (upper) {
-            _tile_loadd(5, a + (m0 + 16) * lda + b * 32, lda * 2);
+            _tile_loadd(5, ab + (m0 + 16) * ld, ld * 2);
             _tile_dpbf16ps(1, 5, 6);
             if (two) _tile_dpbf16ps(3, 5, 7);
         }
@@ -243,6 +246,12 @@ static void configure(int rows) {
 
 #define CHUNK_BYTES (128 * 1024) /* a chunk of rows of a (32-96 rows at the update's shapes) */
 
+void postrl_amx_gemm_sum(int segments, const uint16_t *const *a, const int64_t *lda,
+                         const int64_t *k, const uint16_t *const *b, const int64_t *kb,
+                         const int64_t *ldb, int64_t m, uint16_t *packed,
+                         const uint16_t *bias, int64_t n, void *out, int64_t ldc, int mode,
+                         int threads);
+
 /* out [m, n] (row stride ldc) = a [m, k] (row stride lda) b (+ bias, bias [n] or NULL), b
  * packed by postrl_amx_pack (b = W^T) or in pack_kn_tile's layout; `mode` as write_pair's.
  * The panel pairs are split between the threads in contiguous runs; each runs a chunk of a's
@@ -254,8 +263,39 @@ static void configure(int rows) {
 void postrl_amx_gemm(const uint16_t *a, int64_t lda, int64_t m, int64_t k, uint16_t *packed,
                      const uint16_t *b, int64_t kb, int64_t ldb, const uint16_t *bias,
                      int64_t n, void *out, int64_t ldc, int mode, int threads) {
-    int64_t panels = (n + 15) / 16, pairs = (panels + 1) / 2, blocks = k / 32;
-    int64_t chunk = 32 * (CHUNK_BYTES / (64 * k) > 1 ? CHUNK_BYTES / (64 * k) : 1);
+    postrl_amx_gemm_sum(1, &a, &lda, &k, b ? &b : NULL, &kb, &ldb, m, packed, bias, n, out,
+                        ldc, mode, threads);
+}
+
+/* out [m, n] = sum over `segments` s of a_s [m, k_s] (row stride lda_s, k_s a multiple of 32)
+ * b_s [kb_s, n] (row stride ldb_s, rows past kb_s up to k_s zeros), + bias, as one product
+ * over the segments' inner dimensions side by side: float32 sums in the tiles, written
+ * once (a layer's input gradient over the linears that read its input: dy_q W_q + dy_k W_k
+ * + dy_v W_v). b NULL: `packed` holds the packing of b already (one segment). */
+void postrl_amx_gemm_sum(int segments, const uint16_t *const *a, const int64_t *lda,
+                         const int64_t *k, const uint16_t *const *b, const int64_t *kb,
+                         const int64_t *ldb, int64_t m, uint16_t *packed,
+                         const uint16_t *bias, int64_t n, void *out, int64_t ldc, int mode,
+                         int threads) {
+    int64_t panels = (n + 15) / 16, pairs = (panels + 1) / 2, blocks = 0;
+    for (int s = 0; s < segments; s++) blocks += k[s] / 32;
+    int64_t width = 32 * blocks; /* the inner dimension in all */
+    int64_t chunk = 32 * (CHUNK_BYTES / (64 * width) > 1 ? CHUNK_BYTES / (64 * width) : 1);
+    enum { ON_STACK = 128 }; /* blocks: beyond them (an inner dimension past 4,096) malloc */
+    const uint16_t *at_stack[ON_STACK], *bt_stack[ON_STACK];
+    int64_t lds_stack[3 * ON_STACK];
+    int heap = blocks > ON_STACK;
+    const uint16_t **at = heap ? malloc((size_t)blocks * sizeof *at) : at_stack; /* each */
+    const uint16_t **bt = heap ? malloc((size_t)blocks * sizeof *bt) : bt_stack; /* block's */
+    int64_t *lds = heap ? malloc((size_t)blocks * 3 * sizeof *lds) : lds_stack; /* a, b */
+    int64_t *rows_b = lds + blocks, *ldbs = rows_b + blocks;
+    for (int s = 0, block = 0; s < segments; s++)
+        for (int64_t j = 0; j < k[s] / 32; j++, block++) {
+            at[block] = a[s] + 32 * j, lds[block] = lda[s];
+            if (b) bt[block] = b[s] + 32 * j * ldb[s], rows_b[block] = kb[s] - 32 * j,
+                   ldbs[block] = ldb[s];
+        }
+    const uint16_t *const *table = segments > 1 ? at : NULL;
     if (pairs < threads) threads = (int)pairs;
 #pragma omp parallel num_threads(threads)
     {
@@ -266,7 +306,8 @@ void postrl_amx_gemm(const uint16_t *a, int64_t lda, int64_t m, int64_t k, uint1
         if (b) /* this thread's panels, b's rows in order */
             for (int64_t block = 0; block < blocks; block++)
                 for (int64_t p = 2 * first; p < 2 * last && p < panels; p++)
-                    pack_kn_tile(b, kb, n, ldb, packed, p * blocks + block, blocks);
+                    pack_kn_tile(bt[block], rows_b[block], n, ldbs[block],
+                                 packed + (p * blocks + block) * 512, p, 0);
         for (int64_t start = 0; start < m; start += chunk) {
             int64_t end = start + chunk < m ? start + chunk : m;
             for (int64_t q = first; q < last; q++) {
@@ -274,12 +315,18 @@ void postrl_amx_gemm(const uint16_t *a, int64_t lda, int64_t m, int64_t k, uint1
                 for (int64_t m0 = start; m0 < end; m0 += 32) {
                     int rows = end - m0 < 32 ? (int)(end - m0) : 32;
                     if (rows != configured) configure(configured = rows);
-                    panel_pair(a, lda, m0, rows, k, packed + 2 * q * blocks * 512, two, c);
+                    panel_pair(a[0], lda[0], m0, rows, width, packed + 2 * q * blocks * 512,
+                               two, c, table, lds);
                     write_pair(c, m0, rows, two, 32 * q, n, bias, out, ldc, mode);
                 }
             }
         }
         if (configured >= 0) _tile_release();
+    }
+    if (heap) {
+        free(at);
+        free(bt);
+        free(lds);
     }
 }
 
@@ -297,7 +344,7 @@ static void pack_any(const uint16_t *b, int64_t br, int64_t bc, int64_t k, int64
                      uint16_t *packed) {
     int64_t blocks = (k + 31) / 32, tiles = (n + 15) / 16 * blocks;
     for (int64_t tile = 0; tile < tiles; tile++)
-        if (bc == 1) pack_kn_tile(b, k, n, br, packed, tile, blocks);
+        if (bc == 1) pack_kn_tile(b, k, n, br, packed + tile * 512, tile / blocks, tile % blocks);
         else pack_nk_tile(b, n, k, bc, packed, tile, blocks);
 }
 
@@ -314,7 +361,7 @@ static void product_rows(const uint16_t *x, int64_t lda, int64_t m, int64_t k,
         if (count != *configured) configure(*configured = count);
         for (int64_t q = 0; q < (panels + 1) / 2; q++) {
             int two = 2 * q + 1 < panels;
-            panel_pair(x, lda, m0, count, k, packed + 2 * q * blocks * 512, two, c);
+            panel_pair(x, lda, m0, count, k, packed + 2 * q * blocks * 512, two, c, NULL, NULL);
             write_pair(c, m0, count, two, 32 * q, n, NULL, out, ldo, mode);
         }
     }
@@ -526,6 +573,14 @@ void postrl_amx_attention_backward(const uint16_t *grad, const uint16_t *q,
     (void)grad; (void)q; (void)keys; (void)values; (void)weights; (void)dq; (void)dkeys;
     (void)dvalues; (void)rows; (void)heads; (void)kv_heads; (void)width; (void)columns;
     (void)dim; (void)scale; (void)threads;
+}
+void postrl_amx_gemm_sum(int segments, const uint16_t *const *a, const int64_t *lda,
+                         const int64_t *k, const uint16_t *const *b, const int64_t *kb,
+                         const int64_t *ldb, int64_t m, uint16_t *packed,
+                         const uint16_t *bias, int64_t n, void *out, int64_t ldc, int mode,
+                         int threads) {
+    (void)segments; (void)a; (void)lda; (void)k; (void)b; (void)kb; (void)ldb; (void)m;
+    (void)packed; (void)bias; (void)n; (void)out; (void)ldc; (void)mode; (void)threads;
 }
 void postrl_amx_linear(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
                        const uint16_t *bias, int64_t n, uint16_t *y, int threads) {

@@ -9,6 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import postrl.models.layers as layers
 import postrl.models.logprobs as logprobs_module
 import postrl.models.recorded as recorded_module
+import postrl.models.tiles as tiles
 from postrl.models.logprobs import SequenceBatch, response_logprobs, usable_record
 from postrl.models.precision import bf16_copy
 from postrl.models.recorded import flops_per_recorded_byte, parameter_versions
@@ -62,11 +63,15 @@ def logp_and_grads(model, batch, head_grad_in_place):
 
 def count_reads(monkeypatch):
     """A list that gets an entry for every linear that reads the record: through
-    ``recorded_linear``, or the in-place head's chunks given their logits."""
+    ``recorded_linear``, a group of ``tiles.linears`` given their outputs (bf16 on AMX), or
+    the in-place head's chunks given their logits."""
     reads = []
     original = recorded_module._Recorded.apply
     monkeypatch.setattr(recorded_module._Recorded, "apply",
                         lambda *args: reads.append(1) or original(*args))
+    grouped = tiles._Linears.apply
+    monkeypatch.setattr(tiles._Linears, "apply", lambda x, count, *tensors: reads.extend(
+        1 for known in tensors[2 * count:] if known is not None) or grouped(x, count, *tensors))
     head = logprobs_module._HeadChunk.apply
     monkeypatch.setattr(logprobs_module._HeadChunk, "apply",
                         lambda hidden, output, *args: (output is not None and reads.append(1))

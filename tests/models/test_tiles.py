@@ -196,3 +196,76 @@ def test_the_float32_sums_stay_float32_under_another_default_dtype(monkeypatch):
     assert total.dtype == torch.float32
     within_rounding(total, grad.t(), x, rounded=False)
     within_rounding(dx, grad, weight, rounded=True)
+
+
+def within_rounding_of_sum(got: torch.Tensor, pairs) -> None:
+    """``got`` is ``sum_i g_i W_i`` summed in float32 and rounded to bf16 once."""
+    exact = sum(g.double() @ w.double() for g, w in pairs)
+    bound = 1e-6 * sum(g.double().abs() @ w.double().abs() for g, w in pairs)
+    bound = bound + exact.abs() * 2.0 ** -8
+    assert bool(((got.double() - exact).abs() <= bound).all()), float(
+        ((got.double() - exact).abs() - bound).max())
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 17, 300])
+@pytest.mark.parametrize("outputs", [(576, 192, 192), (64, 32), (96,)])
+def test_input_gradients_of_linears_sharing_an_input_sum_in_the_tiles(rows, outputs):
+    """One product over the linears' outputs side by side (a layer's query, key and value
+    projections), float32 sums rounded once, with a grad that is a column slice of a wider
+    tensor (its row stride not its width)."""
+    torch.manual_seed(rows + len(outputs))
+    wide = bf16(rows, sum(outputs) + 7)
+    grads = list(wide[:, :sum(outputs)].split(list(outputs), dim=1))
+    pairs = [(g, bf16(o, 40)) for g, o in zip(grads, outputs, strict=True)]
+    got = tiles.kernels(*grads, pairs[0][1]).input_grads(pairs)
+    assert got.shape == (rows, 40) and got.dtype == torch.bfloat16
+    within_rounding_of_sum(got, pairs)
+
+
+@needs_amx
+@pytest.mark.parametrize("with_master", [False, True])
+@pytest.mark.parametrize("known", [False, True])
+def test_linears_sharing_an_input_have_one_backward(with_master, known):
+    """``tiles.linears``: each ``F.linear``'s value (or the known one); the input gradient
+    summed over them in float32 once; each weight's and bias's gradient as a lone linear's
+    (the weight's into its float32 master under ``bf16-master``)."""
+    torch.manual_seed(2)
+    models = [nn.Linear(64, 96), nn.Linear(64, 32)]
+    if with_master:
+        working = [MasterWeights(m).working for m in models]
+    else:
+        working = [nn.Linear(64, o).bfloat16() for o in (96, 32)]
+    weights, biases = [m.weight for m in working], [m.bias for m in working]
+    x = bf16(3, 9, 64).requires_grad_()
+    plain = [torch.nn.functional.linear(x, w, b).detach()
+             for w, b in zip(weights, biases, strict=True)]
+    outputs = [p.clone() for p in plain] if known else None
+    assert tiles.serves_together(x, weights)
+    ys = tiles.linears(x, weights, biases, outputs)
+    assert ys[0].grad_fn.name() == "_LinearsBackward"
+    for y, want in zip(ys, plain, strict=True):
+        torch.testing.assert_close(y, want, rtol=0, atol=0)
+    grads = [bf16(3, 9, 96), bf16(3, 9, 32)]
+    torch.autograd.backward(ys, grads)
+    flats = [g.reshape(-1, g.shape[-1]) for g in grads]
+    within_rounding_of_sum(x.grad.reshape(-1, 64), [(g, w.detach()) for g, w in
+                                                    zip(flats, weights, strict=True)])
+    inputs = x.detach().reshape(-1, 64)
+    for model, module, flat in zip(models, working, flats, strict=True):
+        assert (module.weight.grad is None) == with_master
+        weight_grad = model.weight.grad if with_master else module.weight.grad
+        exact = flat.double().t() @ inputs.double()
+        assert float((weight_grad.double() - exact).abs().max()) < (1e-4 if with_master
+                                                                    else 0.1)
+        bias_grad = model.bias.grad if with_master else module.bias.grad
+        torch.testing.assert_close(bias_grad.float(), flat.float().sum(0), rtol=0.01,
+                                   atol=0.05)
+
+
+@needs_amx
+def test_linears_whose_outputs_are_not_a_multiple_of_32_are_not_grouped():
+    x = bf16(4, 64).requires_grad_()
+    assert tiles.serves_together(x, [bf16(64, 64), bf16(32, 64)])
+    assert not tiles.serves_together(x, [bf16(64, 64), bf16(48, 64)])
+    assert not tiles.serves_together(x.float(), [bf16(64, 64).float()])
