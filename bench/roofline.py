@@ -31,6 +31,7 @@ import time
 from functools import partial
 
 import torch
+from vs_trl import MICRO_BATCH  # bench/, this script's directory
 
 from postrl.models.precision import cpu_bf16_reason
 from postrl.train.trainer import records_forward
@@ -125,7 +126,8 @@ def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False)
 
     cfg = load_config(None, [f"model={model_spec}", "recipe=dr_grpo", "steps=3", "quiet=true",
                              "prompts_per_step=4", "group_size=8", "max_new_tokens=64",
-                             "task=arithmetic", "micro_batch_size=16",  # as bench/vs_trl.py
+                             "task=arithmetic",
+                             f"micro_batch_size={MICRO_BATCH[precision]}",  # as bench/vs_trl.py
                              "out=/tmp/postrl-roofline", "overwrite=true",
                              f"precision={precision}",
                              f"reuse_sampler_forward={str(reuse_forward).lower()}"])

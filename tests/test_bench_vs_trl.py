@@ -40,3 +40,11 @@ def test_a_round_with_other_prompts_is_refused(vs_trl):
         vs_trl.check_same_prompts(ours, theirs, 1)
     with pytest.raises(SystemExit, match="round 1: .* at step 2"):
         vs_trl.check_same_prompts(ours, {"prompts": ours["prompts"][:2]}, 0)
+
+
+def test_postrls_micro_batch_is_one_of_32_rows_in_bf16_and_two_of_16_in_fp32(vs_trl):
+    """The bench's measured choice (``MICRO_BATCH``); a size given on the command line wins."""
+    assert vs_trl.postrl_config(2, 0, "fp32").micro_batch_size == 16
+    assert vs_trl.postrl_config(2, 0, "bf16-master").micro_batch_size == 32
+    assert vs_trl.postrl_config(2, 0, "bf16").micro_batch_size == 32
+    assert vs_trl.postrl_config(2, 0, "bf16-master", micro_batch_size=8).micro_batch_size == 8
