@@ -71,21 +71,21 @@ static inline void transpose16x16(__m512i r[16]) {
     }
 }
 
-/* Tile `tile` (panel tile / blocks, block tile % blocks) of w [n, k] (row stride ld, bf16)
- * packed: panels of 16 outputs (zeros past n), each blocks = (k + 31) / 32 tiles of 16 rows
- * by 64 bytes (zeros past k); tile row i holds, for each of the panel's outputs, its inputs
- * 2i and 2i + 1 of the block. A block of w, 16 outputs by 16 input pairs, is that tile
- * transposed (pairs as 32-bit values). */
+/* The tile of panel p, block b of w [n, k] (row stride ld, bf16) into dst (512 values): panels
+ * of 16 outputs (zeros past n), each (k + 31) / 32 tiles of 16 rows by 64 bytes (zeros past
+ * k); tile row i holds, for each of the panel's outputs, its inputs 2i and 2i + 1 of the
+ * block. A block of w, 16 outputs by 16 input pairs, is that tile transposed (pairs as
+ * 32-bit values). */
 static inline void pack_nk_tile(const uint16_t *w, int64_t n, int64_t k, int64_t ld,
-                                uint16_t *packed, int64_t tile, int64_t blocks) {
-    int64_t p = tile / blocks, b = tile % blocks, inputs = k - 32 * b;
+                                uint16_t *dst, int64_t p, int64_t b) {
+    int64_t inputs = k - 32 * b;
     __mmask32 read = (__mmask32)(inputs >= 32 ? ~0u : (1u << inputs) - 1);
     __m512i r[16];
     for (int c = 0; c < 16; c++)
         r[c] = p * 16 + c < n ? _mm512_maskz_loadu_epi16(read, w + (p * 16 + c) * ld + b * 32)
                               : _mm512_setzero_si512();
     transpose16x16(r);
-    for (int i = 0; i < 16; i++) _mm512_storeu_si512(packed + tile * 512 + i * 32, r[i]);
+    for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + i * 32, r[i]);
 }
 
 /* w [n, k] bf16 (contiguous, k a multiple of 32) into packed, pack_nk_tile's layout: the
@@ -94,7 +94,7 @@ void postrl_amx_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k, 
     int64_t panels = (n + 15) / 16, blocks = k / 32;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t tile = 0; tile < panels * blocks; tile++)
-        pack_nk_tile(w, n, k, k, packed, tile, blocks);
+        pack_nk_tile(w, n, k, k, packed + tile * 512, tile / blocks, tile % blocks);
 }
 
 /* The tile of panel p, block `block` of b [k, n] (row stride ld, bf16) into dst (512
@@ -345,7 +345,7 @@ static void pack_any(const uint16_t *b, int64_t br, int64_t bc, int64_t k, int64
     int64_t blocks = (k + 31) / 32, tiles = (n + 15) / 16 * blocks;
     for (int64_t tile = 0; tile < tiles; tile++)
         if (bc == 1) pack_kn_tile(b, k, n, br, packed + tile * 512, tile / blocks, tile % blocks);
-        else pack_nk_tile(b, n, k, bc, packed, tile, blocks);
+        else pack_nk_tile(b, n, k, bc, packed + tile * 512, tile / blocks, tile % blocks);
 }
 
 /* out [m, n] (row stride ldo) := x [m, k] (row stride lda, k a multiple of 32) times b packed
