@@ -54,11 +54,11 @@ def serves(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> bool:
     and training run the same maths)."""
     rows, heads, width, dim = query.shape
     columns = keys.shape[2]
-    return (dim % tiles.BLOCK == 0 and heads % keys.shape[1] == 0 and width > 0
+    return (dim % tiles.BLOCK == 0 and heads % keys.shape[1] == 0 and min(rows, width) > 0
             and columns > 0 and keys.shape == values.shape == (rows, keys.shape[1], columns, dim)
             and bias.shape == (rows, 1, width, columns) and bias.dtype == torch.bfloat16
-            and not torch.is_autocast_enabled("cpu")
-            and tiles.kernels(*(t.reshape(-1, dim) for t in (query, keys, values))) is not None)
+            and not torch.is_autocast_enabled("cpu")  # one [L or C, d] matrix of each
+            and tiles.kernels(query[0, 0], keys[0, 0], values[0, 0]) is not None)
 
 
 def attention(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: float

@@ -112,3 +112,10 @@ def test_pytorchs_path_where_the_kernels_do_not_serve():
     assert not tile_attention.serves(query, keys, values, bias[:, :, :, 1:])
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not tile_attention.serves(query, keys, values, bias)
+
+
+@needs_amx
+def test_an_empty_micro_batch_takes_pytorchs_path():
+    query, keys, values, bias, _ = inputs(2, 4, 2, 5, 3)
+    assert not tile_attention.serves(query[:0], keys[:0], values[:0], bias[:0])
+    assert layers._attend(query[:0], keys[:0], values[:0], bias[:0], SCALE).shape == (0, 5, 256)
