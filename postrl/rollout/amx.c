@@ -388,6 +388,13 @@ static inline void store32(uint16_t *dst, __m512 lo, __m512 hi) {
 #endif
 }
 
+/* Values in the larger of an item's two packings: keys^T or values^T (columns panels, dim
+ * deep), or an operand of dim columns `deepest` deep (padded to 32). */
+static int64_t attention_packing(int64_t columns, int64_t dim, int64_t deepest) {
+    int64_t across = (columns + 15) / 16 * (dim / 32), down = (dim + 15) / 16 * (deepest / 32);
+    return (across > down ? across : down) * 512;
+}
+
 /* The training attention of one micro-batch, forward: for each row b and key/value head h,
  * its `group` query heads' rows q [group * width, dim] over keys and values [columns, dim]:
  * weights = softmax(scale * q k^T + bias[b]) (float32 scores, each query row w of a head
@@ -403,8 +410,7 @@ void postrl_amx_attention_forward(const uint16_t *q, const uint16_t *keys,
                                   int64_t columns, int64_t dim, float scale, int threads) {
     int64_t group = heads / kv_heads, lines = group * width, padded = ROUND32(columns);
     int64_t items = rows * kv_heads;
-    int64_t packed_size = ((columns + 15) / 16 * (dim / 32) > (dim + 15) / 16 * (padded / 32)
-        ? (columns + 15) / 16 * (dim / 32) : (dim + 15) / 16 * (padded / 32)) * 512;
+    int64_t packed_size = attention_packing(columns, dim, padded);
     if (items < threads) threads = (int)items;
 #pragma omp parallel num_threads(threads)
     {
@@ -477,9 +483,7 @@ void postrl_amx_attention_backward(const uint16_t *grad, const uint16_t *q,
                                    int64_t dim, float scale, int threads) {
     int64_t group = heads / kv_heads, lines = group * width, padded = ROUND32(columns);
     int64_t tall = ROUND32(lines), items = rows * kv_heads;
-    int64_t deepest = padded > tall ? padded : tall;
-    int64_t packed_size = ((columns + 15) / 16 * (dim / 32) > (dim + 15) / 16 * (deepest / 32)
-        ? (columns + 15) / 16 * (dim / 32) : (dim + 15) / 16 * (deepest / 32)) * 512;
+    int64_t packed_size = attention_packing(columns, dim, padded > tall ? padded : tall);
     if (items < threads) threads = (int)items;
 #pragma omp parallel num_threads(threads)
     {
