@@ -9,8 +9,9 @@ alternated in one process from the same weights and optimizer state.
 ``norm_mlp``: RMSNorm and SiLU(gate) * up (``postrl/models/fused.c``); ``vocab``: the
 log-probability and entropy over the vocabulary (``postrl/models/vocab.c``); ``attention``:
 the attention's scaled, biased softmax (``fused.c``); ``rotate``: the rotary embedding of
-queries and keys (``fused.c``); ``all``: the four; ``tiles``: the backward's bf16 linear
-gradients on AMX tiles (``postrl/models/tiles.py``, so ``bf16-master`` only);
+queries and keys (``fused.c``); ``all``: the four; ``tiles``: everything the update runs on
+AMX tiles (``postrl/models/tiles.py``, so bf16 only: the linears' gradients, and with them the
+two parts that follow, which ask ``tiles.kernels`` too);
 ``tile_attention``: the attention's forward and backward on AMX tiles, one kernel each
 (``postrl/models/tile_attention.py``, bf16 only; off: the fused softmax between PyTorch's
 ``bmm``s); ``tile_groups``: one backward for the linears that read the same input, their
