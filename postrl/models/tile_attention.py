@@ -22,29 +22,10 @@ to the exact one (``tests/models/test_tile_attention.py``).
 
 from __future__ import annotations
 
-import ctypes
-import functools
-
 import torch
 from torch import Tensor
 
 from postrl.models import tiles
-
-
-class _Kernels:
-    def __init__(self, library: ctypes.CDLL) -> None:
-        from postrl.rollout.native import bind  # not at the top: postrl.rollout imports this
-
-        pointer, size, real, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-        self.forward = bind(library, "postrl_amx_attention_forward", *[pointer] * 6,
-                            *[size] * 6, real, flag)
-        self.backward = bind(library, "postrl_amx_attention_backward", *[pointer] * 8,
-                             *[size] * 6, real, flag)
-
-
-@functools.cache
-def _kernels(library: ctypes.CDLL) -> _Kernels:
-    return _Kernels(library)
 
 
 def serves(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> bool:
@@ -68,12 +49,6 @@ def attention(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: 
     return _Attention.apply(query, keys, values, bias, scale)
 
 
-def _native():
-    from postrl.rollout.native import native_kernels  # not at the top: see _Kernels
-
-    return _kernels(native_kernels().library)
-
-
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query: Tensor, keys: Tensor, values: Tensor, bias: Tensor,
@@ -83,9 +58,11 @@ class _Attention(torch.autograd.Function):
         kv_heads, columns = keys.shape[1], keys.shape[2]
         weights = torch.empty(rows, heads, width, columns, dtype=torch.bfloat16)
         out = torch.empty(rows, width, heads * dim, dtype=torch.bfloat16)
-        _native().forward(query.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                          bias.data_ptr(), weights.data_ptr(), out.data_ptr(), rows, heads,
-                          kv_heads, width, columns, dim, scale, torch.get_num_threads())
+        ctx.tiles = tiles.kernels(query[0, 0])  # the bindings serves() found
+        ctx.tiles.attention_forward(query.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                                    bias.data_ptr(), weights.data_ptr(), out.data_ptr(),
+                                    rows, heads, kv_heads, width, columns, dim, scale,
+                                    torch.get_num_threads())
         ctx.save_for_backward(query, keys, values, weights)
         ctx.scale = scale
         return out
@@ -97,8 +74,9 @@ class _Attention(torch.autograd.Function):
         kv_heads, columns = keys.shape[1], keys.shape[2]
         grad = grad.to(torch.bfloat16).contiguous()
         dquery, dkeys, dvalues = (torch.empty_like(t) for t in (query, keys, values))
-        _native().backward(grad.data_ptr(), query.data_ptr(), keys.data_ptr(),
-                           values.data_ptr(), weights.data_ptr(), dquery.data_ptr(),
-                           dkeys.data_ptr(), dvalues.data_ptr(), rows, heads, kv_heads, width,
-                           columns, dim, ctx.scale, torch.get_num_threads())
+        ctx.tiles.attention_backward(grad.data_ptr(), query.data_ptr(), keys.data_ptr(),
+                                     values.data_ptr(), weights.data_ptr(), dquery.data_ptr(),
+                                     dkeys.data_ptr(), dvalues.data_ptr(), rows, heads,
+                                     kv_heads, width, columns, dim, ctx.scale,
+                                     torch.get_num_threads())
         return dquery, dkeys, dvalues, None, None

@@ -46,7 +46,9 @@ _BF16, _FLOAT, _FLOAT_ADD = 0, 1, 2  # amx.c's output modes
 
 
 class _Tiles:
-    """``amx.c``'s packing, transposition and product in the loaded native library."""
+    """``amx.c``'s packing, transposition and product in the loaded native library; and its
+    training attention (``attention_forward``, ``attention_backward``:
+    ``postrl.models.tile_attention``)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         from postrl.rollout.native import (  # not at the top: postrl.rollout imports this
@@ -54,7 +56,11 @@ class _Tiles:
             bind,
         )
 
-        pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        pointer, size, real, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+        self.attention_forward = bind(library, "postrl_amx_attention_forward", *[pointer] * 6,
+                                      *[size] * 6, real, flag)
+        self.attention_backward = bind(library, "postrl_amx_attention_backward",
+                                       *[pointer] * 8, *[size] * 6, real, flag)
         self._transpose = bind(library, "postrl_amx_transpose", pointer, size, size, size,
                                pointer, size, flag)
         self._packed_size = amx_packed_size
