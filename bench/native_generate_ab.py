@@ -1,17 +1,18 @@
 """A piece of the sampler by postrl's native kernels against without it, alternated in one
 process, over whole ``generate`` calls.
 
-    python bench/native_generate_ab.py --part draw|layers|between|amx [--reps 8]
+    python bench/native_generate_ab.py --part draw|layers|between|linears [--reps 8]
                                        [--precision fp32|bf16-master]
 
 ``draw``: the draw from the logits (softmax, cumulative sum and search over the vocabulary)
 by ``postrl/rollout/sample.c`` against PyTorch's. ``layers``: a decode step's layers in one
 call (``postrl/rollout/step.c``) against the Python loop over the same kernels (float32, or
-bf16 on a CPU with AMX tiles). ``between``: a bf16 sampler's work between its linears
+bf16 on a CPU with AMX tiles or AVX512-BF16). ``between``: a bf16 sampler's work between its linears
 (RMSNorm, the residual adds, SiLU · up, the rotation with the cache's new column, attention)
 by ``postrl/rollout/decode.c`` against PyTorch's operations, the linears the same either way
-(bf16-master only; off, the step runs as the Python loop). ``amx``: a bf16 sampler's linears
-by ``postrl/rollout/amx.c`` against oneDNN's (bf16-master, on a CPU with AMX tiles).
+(bf16-master only; off, the step runs as the Python loop). ``linears``: a bf16 sampler's
+linears by postrl's (``postrl/rollout/dpbf16.c``: on AMX tiles, else by VDPBF16PS) against
+oneDNN's (bf16-master, on a CPU with AMX tiles or AVX512-BF16).
 ``bench/vs_trl.py``'s first prompts (SmolLM2, 4 prompts x 8, 64 new tokens): ``generate``
 ``reps`` times each way (ABBA order) with the same seed, recording as the trainer does, so
 both ways draw the same tokens; medians over the calls but the first two, and whether the two
@@ -39,13 +40,13 @@ def switches(part: str):
         def draw(on: bool) -> None:
             sampling.native_kernels = kernels if on else (lambda: None)
         return draw
-    if part == "amx":
+    if part == "linears":
         kernels = native.native_kernels()
-        amx = kernels.amx
+        own = kernels.bf16_linears
 
-        def tiles(on: bool) -> None:
-            kernels.amx = amx if on else False
-        return tiles
+        def linears(on: bool) -> None:
+            kernels.bf16_linears = own if on else False
+        return linears
     weights_of = lean_weights.LeanWeights.of
     if part == "between":
         def without_between(model, dtype, rows):
@@ -71,18 +72,20 @@ def main() -> None:
     from postrl.train.trainer import Trainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", required=True, choices=("draw", "layers", "between", "amx"))
+    parser.add_argument("--part", required=True, choices=("draw", "layers", "between", "linears"))
     parser.add_argument("--reps", type=int, default=8, help="calls each way")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))
     args = parser.parse_args()
     if sampling.native_kernels() is None:
         raise SystemExit("the native kernels are not available here")
-    if args.part == "layers" and args.precision != "fp32" and not native.native_kernels().amx:
-        raise SystemExit("--part layers: a bf16 decode step runs in one call with AMX only")
-    if args.part in ("between", "amx") and args.precision != "bf16-master":
+    own_bf16 = native.native_kernels().bf16_linears
+    if args.part == "layers" and args.precision != "fp32" and not own_bf16:
+        raise SystemExit("--part layers: a bf16 decode step runs in one call with postrl's "
+                         "bf16 linears only (AMX tiles or AVX512-BF16)")
+    if args.part in ("between", "linears") and args.precision != "bf16-master":
         raise SystemExit(f"--part {args.part}: a bf16 sampler's kernels; use bf16-master")
-    if args.part == "amx" and not native.native_kernels().amx:
-        raise SystemExit("--part amx: this CPU (or its kernel) gives no AMX tiles")
+    if args.part == "linears" and not own_bf16:
+        raise SystemExit("--part linears: this CPU has neither AMX tiles nor AVX512-BF16")
     trainer = Trainer(postrl_config(1, seed=0, precision=args.precision))
     engine = trainer.engine
     prompts = first_prompt_ids(trainer)

@@ -47,11 +47,11 @@ def test_draw_and_layers_switch_off_and_on(tiny):
     assert lean_weights.LeanWeights.of(model, torch.float32, rows=2).pointers is not None
 
 
-@pytest.mark.skipif(native.native_kernels() is None or not native.native_kernels().amx,
-                    reason="no AMX tiles here")
-def test_amx_switches_the_bf16_samplers_own_linears(tiny):
+@pytest.mark.skipif(native.native_kernels() is None or not native.native_kernels().bf16_linears,
+                    reason="neither AMX tiles nor AVX512-BF16 here")
+def test_linears_switches_the_bf16_samplers_own_linears(tiny):
     model, _ = tiny
-    switch = load_bench_script("native_generate_ab").switches("amx")
+    switch = load_bench_script("native_generate_ab").switches("linears")
     assert lean_weights.LeanWeights.of(model, torch.bfloat16, rows=2).lm_head.native is not None
     switch(False)
     try:

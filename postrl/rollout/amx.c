@@ -9,7 +9,7 @@
  * 19 (14 ms; docs/performance.md). The second operand is packed into panels of 16 output
  * columns, each a run of 1 KB tiles (32 inputs by 16 outputs, the pairs of inputs side by
  * side as TDPBF16PS reads them), so a panel is one sequential stream: a weight `[n, k]` once
- * per `generate` (postrl_amx_pack), or a `[k, n]` matrix by each thread within the product,
+ * per `generate` (postrl_bf16_pack), or a `[k, n]` matrix by each thread within the product,
  * the panels it owns (postrl_amx_gemm: a weight for its input gradient, a layer's input for
  * its weight gradient; the panels then stay in that core's cache). Two panels at a time and
  * up to 32 rows: four accumulator tiles, two of rows, two of panels. Rows go in chunks that
@@ -29,27 +29,7 @@
 
 #include "simd.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <omp.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-long syscall(long number, ...);
-
-#define ARCH_REQ_XCOMP_PERM 0x1023 /* Linux: ask for a state component's permission */
-#define XFEATURE_XTILEDATA 18      /* the AMX tile data */
-
-/* 1 when this process may use AMX tiles (Linux grants them on request, once per process). */
-int postrl_amx_available(void) {
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t bytes_per_row[16];
-    uint8_t rows[16];
-} __attribute__((packed)) tile_config;
-
+#ifdef __AVX512BW__ /* the packing: AMX tiles' layout, which VDPBF16PS reads too */
 /* 16 rows of 16 32-bit values transposed in registers: at each scale the off-diagonal blocks
  * of every block twice that size are swapped, which at the four scales swaps each element's
  * row and column. */
@@ -89,13 +69,40 @@ static inline void pack_nk_tile(const uint16_t *w, int64_t n, int64_t k, int64_t
 }
 
 /* w [n, k] bf16 (contiguous, k a multiple of 32) into packed, pack_nk_tile's layout: the
- * sampler's weights, once per `generate`. */
-void postrl_amx_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k, int threads) {
+ * sampler's weights, once per `generate`, for AMX tiles or VDPBF16PS (dpbf16.c). */
+void postrl_bf16_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k, int threads) {
     int64_t panels = (n + 15) / 16, blocks = k / 32;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t tile = 0; tile < panels * blocks; tile++)
         pack_nk_tile(w, n, k, k, packed + tile * 512, tile / blocks, tile % blocks);
 }
+
+#else
+void postrl_bf16_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k, int threads) {
+    (void)w; (void)packed; (void)n; (void)k; (void)threads;
+}
+#endif
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+long syscall(long number, ...);
+
+#define ARCH_REQ_XCOMP_PERM 0x1023 /* Linux: ask for a state component's permission */
+#define XFEATURE_XTILEDATA 18      /* the AMX tile data */
+
+/* 1 when this process may use AMX tiles (Linux grants them on request, once per process). */
+int postrl_amx_available(void) {
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
 
 /* The tile of panel p, block `block` of b [k, n] (row stride ld, bf16) into dst (512
  * values), packed as pack_nk_tile packs b^T: panels of 16 columns (zeros past n), each
@@ -253,7 +260,7 @@ void postrl_amx_gemm_sum(int segments, const uint16_t *const *a, const int64_t *
                          int threads);
 
 /* out [m, n] (row stride ldc) = a [m, k] (row stride lda) b (+ bias, bias [n] or NULL), b
- * packed by postrl_amx_pack (b = W^T) or in pack_kn_tile's layout; `mode` as write_pair's.
+ * packed by postrl_bf16_pack (b = W^T) or in pack_kn_tile's layout; `mode` as write_pair's.
  * The panel pairs are split between the threads in contiguous runs; each runs a chunk of a's
  * rows through every pair it owns, 32 rows at a time, before the next chunk. With `b` (not
  * NULL: b [kb, n], row stride ldb, kb <= k), `packed` is scratch: each thread first packs
@@ -330,8 +337,8 @@ void postrl_amx_gemm_sum(int segments, const uint16_t *const *a, const int64_t *
     }
 }
 
-/* y [m, n] = x [m, k] W^T + bias (bias [n] or NULL), all bf16, W packed by postrl_amx_pack;
- * y and x contiguous. */
+/* y [m, n] = x [m, k] W^T + bias (bias [n] or NULL), all bf16, W packed by postrl_bf16_pack;
+ * y and x contiguous (dpbf16.c's postrl_bf16_linear calls it where the tiles serve). */
 void postrl_amx_linear(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
                        const uint16_t *bias, int64_t n, uint16_t *y, int threads) {
     postrl_amx_gemm(x, k, m, k, (uint16_t *)packed, NULL, 0, 0, bias, n, y, n, AMX_BF16,
@@ -544,11 +551,8 @@ void postrl_amx_attention_backward(const uint16_t *grad, const uint16_t *q,
     }
 }
 
-#else /* no AMX: the sampler and the update keep oneDNN's matmuls */
+#else /* no AMX: the update keeps oneDNN's matmuls, the sampler dpbf16.c's or oneDNN's */
 int postrl_amx_available(void) { return 0; }
-void postrl_amx_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k, int threads) {
-    (void)w; (void)packed; (void)n; (void)k; (void)threads;
-}
 void postrl_amx_transpose(const uint16_t *src, int64_t r, int64_t c, int64_t ld_src,
                           uint16_t *dst, int64_t ld_dst, int threads) {
     (void)src; (void)r; (void)c; (void)ld_src; (void)dst; (void)ld_dst; (void)threads;

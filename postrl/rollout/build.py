@@ -18,7 +18,7 @@ from pathlib import Path
 from postrl.models.loading import cache_dir as postrl_cache
 
 SOURCES = (*(Path(__file__).with_name(name)
-             for name in ("gemm.c", "amx.c", "decode.c", "sample.c", "step.c")),
+             for name in ("gemm.c", "amx.c", "dpbf16.c", "decode.c", "sample.c", "step.c")),
            *(Path(__file__).parents[1] / "models" / name  # the training forward's
              for name in ("fused.c", "vocab.c")))
 HEADERS = (Path(__file__).with_name("simd.h"),)  # included by the sources

@@ -7,9 +7,9 @@ and seven separately dispatched matmuls per layer whose weights oneDNN reorders 
 Here, once per ``generate`` call (``postrl.rollout.lean_weights``), the projections are fused
 (q|k|v, gate|up), cast to the sampling dtype and reordered into oneDNN's blocked layout (on a
 CPU with AVX-512, packed for postrl's own kernels instead, :mod:`postrl.rollout.native`: in
-float32, and in bf16 where the CPU has AMX tiles; in float32 they run all of a step's layers
-in one call once each row holds its own cache, and on such a CPU a step's work between the
-linears is postrl's kernels in bf16 too); the cache is allocated once for the whole response,
+float32, and in bf16 where the CPU has AMX tiles or AVX512-BF16; they run all of a step's
+layers in one call once each row holds its own cache, and on such a CPU a step's work between
+the linears is postrl's kernels in bf16 too); the cache is allocated once for the whole response,
 each token writes one column, and attention (postrl's kernel, PyTorch's fused kernel, or two
 batched matmuls around a softmax where those are faster) lets the query heads of a group read
 their shared key/value head without a repeated copy. A prompt's keys and values are stored
@@ -338,10 +338,11 @@ def _decode_native(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Te
 # the copies it saves), at 90 it was 5-7% faster, at 200 15-20%.
 SHARE_PROMPTS_FROM = 64
 # The same where the per-row layout's decode steps run in one call of postrl's kernels
-# (float32 on an AVX-512 CPU, bf16 too on one with AMX): sharing (PyTorch's attention in two
-# parts, the layer loop) then pays only for long prompts. Measured (SmolLM2, 4 GSM8K prompts x
-# 8, whole `generate` calls alternated in one process), per-row against shared: 56-96 tokens
-# 0.79 (bf16) and 0.86 (fp32), 179-250 tokens 1.00 and 0.96, 331-433 tokens 1.16 and 1.07.
+# (float32 on an AVX-512 CPU, bf16 too on one with AMX or AVX512-BF16): sharing (PyTorch's
+# attention in two parts, the layer loop) then pays only for long prompts. Measured on the AMX
+# machine (SmolLM2, 4 GSM8K prompts x 8, whole `generate` calls alternated in one process),
+# per-row against shared: 56-96 tokens 0.79 (bf16) and 0.86 (fp32), 179-250 tokens 1.00 and
+# 0.96, 331-433 tokens 1.16 and 1.07.
 SHARE_PROMPTS_FROM_ONE_CALL = 256
 
 

@@ -3,7 +3,8 @@
 
 Once per ``generate`` call, the projections are fused (q|k|v, gate|up), cast to the sampling
 dtype and packed for the fastest kernel here (:class:`Linear`): postrl's own in float32
-(``gemm.c``) and, on a CPU with AMX tiles, in bf16 (``amx.c``); else oneDNN's blocked layout.
+(``gemm.c``) and, on a CPU with AMX tiles or AVX512-BF16, in bf16 (``dpbf16.c``); else
+oneDNN's blocked layout.
 Where every layer's linears are postrl's, the layers are also described to the one-call decode
 step (``LayerPointers``).
 """
@@ -29,9 +30,9 @@ NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 class Linear:
     """``x W^T + b`` with ``W`` (the row-concatenation of ``weights``) cast to ``dtype`` and
     packed once for the fastest kernel here: with ``native`` (:mod:`postrl.rollout.native`),
-    postrl's own in float32 (``gemm.c``), and in bf16 on a CPU with AMX tiles (``amx.c``;
-    inputs of a multiple of 32); else, where oneDNN is available, its blocked layout for
-    ``rows``-row inputs."""
+    postrl's own in float32 (``gemm.c``), and in bf16 on a CPU with AMX tiles or AVX512-BF16
+    (``dpbf16.c``; inputs of a multiple of 32); else, where oneDNN is available, its blocked
+    layout for ``rows``-row inputs."""
 
     def __init__(self, weights: list[Tensor], biases: list[Tensor | None], dtype: torch.dtype,
                  rows: int, native: NativeKernels | None = None) -> None:
@@ -40,10 +41,10 @@ class Linear:
         self.out_features = sum(w.shape[0] for w in weights)
         self.native = native if native is not None and _native_linear(
             native, dtype, weights[0].shape[1]) else None
-        self.amx = self.native is not None and dtype == torch.bfloat16
+        self.bf16 = self.native is not None and dtype == torch.bfloat16
         self.packed = self.native is None and _packable(dtype)
-        if self.amx:
-            self.weight = self.native.amx_pack(weights)  # cast and packed in one pass
+        if self.bf16:
+            self.weight = self.native.bf16_pack(weights)  # cast and packed in one pass
             return
         if self.native is not None:  # packed from the weights themselves, without a copy
             self.weight, self.bias = self.native.pack(weights), self.native.pad_bias(self.bias)
@@ -58,8 +59,8 @@ class Linear:
         """``x [..., in]`` times the weight, ``[..., out]``; with ``out`` (``[rows, out]``,
         contiguous: a record's slots) the product is also written there, by postrl's linear
         itself (then the result is ``out``'s view) or by a copy."""
-        if self.amx:
-            return self.native.amx_linear(x, self.weight, self.bias, self.out_features, out)
+        if self.bf16:
+            return self.native.bf16_linear(x, self.weight, self.bias, self.out_features, out)
         if self.native is not None:
             return self.native.linear(x, self.weight, self.bias, self.out_features, out)
         if self.packed:
@@ -75,7 +76,7 @@ def _native_linear(native: NativeKernels, dtype: torch.dtype, in_features: int) 
     """Whether postrl's own linear multiplies ``dtype`` inputs of ``in_features`` here."""
     if dtype == torch.float32:
         return True
-    return dtype == torch.bfloat16 and native.amx and in_features % AMX_INPUTS == 0
+    return dtype == torch.bfloat16 and native.bf16_linears and in_features % AMX_INPUTS == 0
 
 
 def _packable(dtype: torch.dtype) -> bool:
@@ -114,8 +115,8 @@ class LeanWeights:
     head_dim: int
     dtype: torch.dtype
     # postrl's own kernels, where available: between the linears in float32 and bf16, the
-    # linears themselves in float32 and, with AMX, bf16 (``Linear``), and whole decode steps
-    # (``pointers``) where every layer's linears are theirs
+    # linears themselves in float32 and, with AMX or AVX512-BF16, bf16 (``Linear``), and
+    # whole decode steps (``pointers``) where every layer's linears are theirs
     native: NativeKernels | None = None
     pointers: LayerPointers | None = None  # the layers, for ``native.decode_layers``
 

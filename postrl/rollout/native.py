@@ -10,13 +10,15 @@ forward's element-wise work in float32 or bf16.
   step's rows oneDNN's packed bf16 linear reads the weights well below the memory's rate:
   SmolLM2's 121 linears at 32 rows, 20 ms a step against 14 for ``amx.c``,
   docs/performance.md), and the update's linear gradients (``postrl.models.tiles``).
+- ``dpbf16.c``, the sampler's bf16 linear layers on a CPU with AVX512-BF16 and no AMX tiles
+  (VDPBF16PS on ``amx.c``'s packing), and the choice between the two.
 - ``decode.c``, what a decode step does between the linears: the rotary embedding with the
   new keys and values stored into the cache, the residual add with its RMSNorm, SiLU(gate) ·
   up, and the attention over each row's own columns, one call each per layer instead of
   PyTorch's several small operations (RMSNorm and attention alone: 0.92× the time of a decode
   step with both in PyTorch, at 2 to 32 rows).
 - ``step.c``, a decode step's layers in one call: ``decode.c``'s and ``gemm.c``'s (or, in
-  bf16, ``amx.c``'s) kernels in the order the lean sampler's loop calls them, without that
+  bf16, ``dpbf16.c``'s) kernels in the order the lean sampler's loop calls them, without that
   loop's Python in between.
 - ``sample.c``, the sampling step (temperature, no truncation): a token per row drawn from its
   uniform by inversion, its log-probability and the entropy, three reading passes per row
@@ -60,10 +62,11 @@ def bind(library: ctypes.CDLL, name: str, *argtypes):
 
 class NativeKernels:
     """The loaded library: :meth:`pack` a weight once, then :meth:`linear` multiplies by it
-    (float32); where ``amx``, :meth:`amx_pack` and :meth:`amx_linear` the same in bf16;
+    (float32); where ``bf16_linears``, :meth:`bf16_pack` and :meth:`bf16_linear` the same in
+    bf16 (on AMX tiles, or by VDPBF16PS); ``amx``: whether AMX tiles serve here;
     :meth:`rms_norm`, :meth:`add_rms_norm`, :meth:`silu_mul`, :meth:`rotate_store`,
     :meth:`attend_rows` (float32 or bf16), :meth:`sample`; :meth:`decode_layers` runs a
-    decode step's layers (float32, or bf16 with the AMX linears). CPU tensors."""
+    decode step's layers (float32, or bf16 with the bf16 linears). CPU tensors."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library  # postrl.models.fused binds the training kernels' functions
@@ -92,13 +95,16 @@ class NativeKernels:
         self._attend_rows = bind(library, "postrl_attend_rows", pointer, size, pointer,
                                  pointer, size, size, pointer, size, pointer, size, size,
                                  size, size, size, real, count, count)
-        self._amx_pack = bind(library, "postrl_amx_pack", pointer, pointer, size, size, count)
-        self._amx_linear = bind(library, "postrl_amx_linear", pointer, size, size, pointer,
-                                pointer, size, pointer, count)
-        available = library.postrl_amx_available
+        self._bf16_pack = bind(library, "postrl_bf16_pack", pointer, pointer, size, size, count)
+        self._bf16_linear = bind(library, "postrl_bf16_linear", pointer, size, size, pointer,
+                                 pointer, size, pointer, count)
+        available = library.postrl_bf16_linears
         available.argtypes, available.restype = [], ctypes.c_int
-        # AMX tiles: built for (``-march=native`` on a CPU with AMX-BF16) and granted by Linux
-        self.amx = bool(available())
+        # 2: AMX tiles, built for (``-march=native`` on a CPU with AMX-BF16) and granted by
+        # Linux; 1: no tiles, but VDPBF16PS (AVX512-BF16); 0: neither
+        kind = available()
+        self.amx = kind == 2
+        self.bf16_linears = kind > 0
 
     def pack(self, weights: list[Tensor]) -> Tensor:
         """The row-concatenation of ``weights`` (each ``[out, in]``) as float32 panels of 32
@@ -135,23 +141,24 @@ class NativeKernels:
                      torch.get_num_threads())
         return out.view(*leading, out_features)
 
-    def amx_pack(self, weights: list[Tensor]) -> Tensor:
+    def bf16_pack(self, weights: list[Tensor]) -> Tensor:
         """The row-concatenation of ``weights`` (each ``[out, in]``, ``in`` a multiple of 32)
         in bf16 as ``amx.c``'s tiles: panels of 16 outputs (zero-padded), 32 inputs a tile."""
         weight = _joined(weights, torch.bfloat16)
         out_features, in_features = weight.shape
-        if not self.amx or in_features % AMX_INPUTS:
-            raise ValueError(f"native amx_pack: AMX and inputs of a multiple of {AMX_INPUTS} "
-                             f"needed, got {in_features} (AMX {'on' if self.amx else 'off'})")
+        if not self.bf16_linears or in_features % AMX_INPUTS:
+            raise ValueError(f"native bf16_pack: AMX or AVX512-BF16, and inputs of a multiple "
+                             f"of {AMX_INPUTS} needed, got {in_features} (bf16 linears "
+                             f"{'on' if self.bf16_linears else 'off'} here)")
         packed = torch.empty(amx_packed_size(out_features, in_features),
                              dtype=torch.bfloat16)
-        self._amx_pack(weight.data_ptr(), packed.data_ptr(), out_features, in_features,
+        self._bf16_pack(weight.data_ptr(), packed.data_ptr(), out_features, in_features,
                        torch.get_num_threads())
         return packed
 
-    def amx_linear(self, x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int,
-                   out: Tensor | None = None) -> Tensor:
-        """``x [..., in] W^T + bias`` in bf16 for a ``W`` packed by :meth:`amx_pack`,
+    def bf16_linear(self, x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int,
+                    out: Tensor | None = None) -> Tensor:
+        """``x [..., in] W^T + bias`` in bf16 for a ``W`` packed by :meth:`bf16_pack`,
         ``[..., out_features]``; written into ``out`` (contiguous, ``[rows, out_features]``)
         when given."""
         leading, in_features = x.shape[:-1], x.shape[-1]
@@ -162,12 +169,12 @@ class NativeKernels:
                 or (bias is not None and (bias.dtype != torch.bfloat16
                                           or bias.shape != (out_features,)
                                           or not bias.is_contiguous()))):
-            raise ValueError(f"native amx_linear: bf16 rows of a packed [{out_features}, "
+            raise ValueError(f"native bf16_linear: bf16 rows of a packed [{out_features}, "
                              f"{in_features}] weight expected, got {rows.dtype} rows of "
                              f"{in_features}")
-        out = _output(out, shape, torch.bfloat16, "amx_linear")
+        out = _output(out, shape, torch.bfloat16, "bf16_linear")
         if rows.shape[0]:
-            self._amx_linear(rows.data_ptr(), rows.shape[0], in_features, packed.data_ptr(),
+            self._bf16_linear(rows.data_ptr(), rows.shape[0], in_features, packed.data_ptr(),
                              None if bias is None else bias.data_ptr(),
                              out_features, out.data_ptr(), torch.get_num_threads())
         return out.view(*leading, out_features)
@@ -271,7 +278,7 @@ class NativeKernels:
         linear's output into ``outputs`` (its address per layer and kind, ``[rows, width]``
         each: a record's slots) when given; the stream after the final norm, ``[rows,
         width]``. The same kernels in the same order as the lean sampler's layer loop; every
-        tensor in ``layers``' dtype (float32, or bf16 with ``amx.c``'s linears)."""
+        tensor in ``layers``' dtype (float32, or bf16 with ``dpbf16.c``'s linears)."""
         rows, width = hidden.shape
         dim = keys.shape[-1]
         columns = column + 1

@@ -1,5 +1,5 @@
 /* A decode step's decoder layers in one call, float32 or bf16: the sequence of postrl's
- * kernels (gemm.c or amx.c, decode.c) that the lean sampler's Python loop calls layer by
+ * kernels (gemm.c or dpbf16.c, decode.c) that the lean sampler's Python loop calls layer by
  * layer.
  *
  * Per layer that loop makes nine calls into the kernels, with as many views, outputs and
@@ -13,8 +13,8 @@
 
 void postrl_linear(const float *x, int64_t m, int64_t k, const float *packed, const float *bias,
                    int64_t n, float *y, int threads);
-void postrl_amx_linear(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
-                       const uint16_t *bias, int64_t n, uint16_t *y, int threads);
+void postrl_bf16_linear(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
+                        const uint16_t *bias, int64_t n, uint16_t *y, int threads);
 void postrl_rms_norm(const void *x, const void *weight, void *y, int64_t rows, int64_t width,
                      float eps, int bf16, int threads);
 void postrl_add_rms_norm(void *hidden, const void *delta, const void *weight, void *y,
@@ -32,11 +32,12 @@ void postrl_attend_rows(const void *q, int64_t q_row, const void *keys, const vo
 
 enum { QKV, OUT, GATE_UP, DOWN, KINDS };
 
-/* y [m, n] = x [m, k] W^T + b: gemm.c's float32 linear, or amx.c's bf16 one. */
+/* y [m, n] = x [m, k] W^T + b: gemm.c's float32 linear, or dpbf16.c's bf16 one (on AMX tiles
+ * or by VDPBF16PS). */
 static void linear(int bf16, const void *x, int64_t m, int64_t k, const void *w, const void *b,
                    int64_t n, void *y, int threads) {
     if (bf16)
-        postrl_amx_linear(x, m, k, w, b, n, y, threads);
+        postrl_bf16_linear(x, m, k, w, b, n, y, threads);
     else
         postrl_linear(x, m, k, w, b, n, y, threads);
 }
@@ -47,7 +48,7 @@ static void linear(int bf16, const void *x, int64_t m, int64_t k, const void *w,
  *
  * sizes: rows, hidden width, query heads, key/value heads, head dim, MLP width. Per layer l
  * and linear k (QKV, OUT, GATE_UP, DOWN): weights[4l + k] (packed by postrl_pack, or by
- * postrl_amx_pack in bf16) and biases[4l + k] (padded in float32, or NULL); norms[2l] and
+ * postrl_bf16_pack in bf16) and biases[4l + k] (padded in float32, or NULL); norms[2l] and
  * norms[2l + 1] (input, post-attention), norms[2 layers] the final one. Each linear's output
  * goes to record[4l + k] when `record` is not NULL (the record's slots of this step, [rows,
  * width] each), else to scratch. The cache: layer l's keys at keys + l * layer (strides

@@ -234,17 +234,18 @@ def test_masked_columns_weigh_exactly_nothing(masked, dtype):
 @needs_native
 def test_the_lean_sampler_runs_them_where_they_apply(tiny):
     """float32 runs every kernel; bf16 its work between the linears, and its own linears
-    and whole steps where the CPU has AMX tiles (else oneDNN's linears); other dtypes none."""
+    and whole steps where the CPU has AMX tiles or AVX512-BF16 (else oneDNN's linears);
+    other dtypes none."""
     model, _ = tiny
     fp32 = LeanWeights.of(model, torch.float32, rows=4)
     bf16 = LeanWeights.of(model, torch.bfloat16, rows=4)
     assert fp32.native is not None and fp32.lm_head.native is not None
     assert fp32.layers[0].qkv.native is not None and fp32.pointers is not None
     assert bf16.native is not None
-    amx = native.native_kernels().amx
-    assert (bf16.lm_head.native is not None) == amx
-    assert (bf16.layers[0].qkv.native is not None) == amx
-    assert (bf16.pointers is not None) == amx  # a step's layers in one call
+    own = native.native_kernels().bf16_linears
+    assert (bf16.lm_head.native is not None) == own
+    assert (bf16.layers[0].qkv.native is not None) == own
+    assert (bf16.pointers is not None) == own  # a step's layers in one call
     assert LeanWeights.of(model, torch.float16, rows=4).native is None
 
 
@@ -284,10 +285,10 @@ def test_a_decode_step_in_one_call_is_the_layer_loop_to_the_bit(request, tiny, f
     run in one call (``step.c``) or by the Python loop over the same kernels. Each row holds
     its own cache columns from the start, or (``share_from=1``) the prompts' columns are
     shared until the rows are dropped, and only the last step runs in one call. Qwen2 brings
-    biases on q|k|v and a head dimension of 8. In bf16 (with ``amx.c``'s linears) a bf16
+    biases on q|k|v and a head dimension of 8. In bf16 (with ``dpbf16.c``'s linears) a bf16
     copy of the model samples and records, as ``bf16-master``'s working copy does."""
-    if dtype == torch.bfloat16 and not native.native_kernels().amx:
-        pytest.skip("bf16 decode steps run in one call with amx.c's linears only")
+    if dtype == torch.bfloat16 and not native.native_kernels().bf16_linears:
+        pytest.skip("bf16 decode steps run in one call with postrl's bf16 linears only")
     model = tiny[0] if fixture == "tiny" else request.getfixturevalue(fixture)
     if dtype == torch.bfloat16:
         model = bf16_copy(model)
