@@ -23,8 +23,8 @@ void postrl_amx_linear(const uint16_t *x, int64_t m, int64_t k, const uint16_t *
 
 /* Rows x[0..MR) (row stride k, bf16) times panels p0 and p1 (k / 2 pair rows of 32 values
  * each) into y (row stride n) at columns [col, col + 32) of n; `bias` (bf16, n values) or
- * NULL; alongside, the first `lines` 64-byte lines from next0 and next1 are prefetched, a
- * line of each per pair row. */
+ * NULL; alongside, pair rows [from, to) of the next panels next0 and next1 are prefetched,
+ * one 64-byte line of each per pair row run. */
 #define BLOCK(MR)                                                                           \
     static void block##MR(const uint16_t *x, int64_t k, const uint16_t *p0,                \
                           const uint16_t *p1, const uint16_t *bias, int64_t col, int64_t n, \
