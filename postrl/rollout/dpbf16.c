@@ -70,6 +70,7 @@ static const block_fn BLOCKS[MR_MAX + 1] = {
  * (its second half never stored). Exported for the tests, which run it on AMX CPUs too. */
 void postrl_dpbf16_linear(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
                           const uint16_t *bias, int64_t n, uint16_t *y, int threads) {
+    if (m <= 0) return;
     int64_t panels = (n + 15) / 16, pairs = (panels + 1) / 2, stride = 16 * k;
     int64_t blocks = (m + MR_MAX - 1) / MR_MAX, rows = (m + blocks - 1) / blocks;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -105,7 +106,6 @@ int postrl_bf16_linears(void) {
  * (k a multiple of 32); y and x contiguous. Only where postrl_bf16_linears() is not 0. */
 void postrl_bf16_linear(const uint16_t *x, int64_t m, int64_t k, const uint16_t *packed,
                         const uint16_t *bias, int64_t n, uint16_t *y, int threads) {
-    if (m <= 0) return;
     if (postrl_bf16_linears() == 2) {
         postrl_amx_linear(x, m, k, packed, bias, n, y, threads);
         return;

@@ -85,6 +85,7 @@ def test_it_packs_float32_weights_writes_into_a_given_output_and_refuses_what_it
     with pytest.raises(ValueError, match="out must be"):
         kernels.bf16_linear(x, packed, None, 48, out=slots[:6, :40])
     assert kernels.bf16_linear(x[:0], packed, None, 48).shape == (0, 3, 48)
+    assert dpbf16_linear(x[:0], packed, None, 48).shape == (0, 48)  # the kernel itself too
 
 
 @needs_bf16_linears
