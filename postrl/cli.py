@@ -74,7 +74,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides = [f"{key}={getattr(args, key)}" for key in TRAIN_FLAGS
                  if getattr(args, key) is not None] + list(args.overrides)
     cfg = load_config(args.config, overrides)
-    metrics = Trainer(cfg).train()
+    trainer = None
+    try:
+        trainer = Trainer(cfg)
+        metrics = trainer.train()
+    except KeyboardInterrupt:
+        from postrl.train.resume import interrupted_note
+
+        print(f"postrl: interrupted; {interrupted_note(trainer)}", file=sys.stderr)
+        return INTERRUPTED
     final = cfg.run_dir() / "final"
     print(f"saved {final}  (reward/mean {metrics.get('reward/mean', float('nan')):.3f}, "
           f"{int(metrics.get('rollout/tokens_generated', 0))} tokens generated)")
@@ -143,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -152,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"postrl: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"postrl: interrupted ({args.command})", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from postrl.config_checks import validate
+from postrl.config_paths import resolve_paths
 from postrl.errors import ConfigError
 from postrl.recipes import Recipe, get_recipe
 
@@ -148,11 +149,16 @@ def _yaml(text: str) -> Any:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
-    """TrainConfig from an optional YAML file, then ``key=value`` overrides (dotted keys)."""
+    """TrainConfig from an optional YAML file, then ``key=value`` overrides (dotted keys).
+
+    Relative paths in the file (a task's data file, a reward file, ``out``, a model
+    directory) are taken relative to the file's folder; those in overrides relative to the
+    current directory."""
     data: dict[str, Any] = {}
     where: dict[str, str] = {}
     if path is not None:
         data, where = _read_yaml(Path(path))
+        data = resolve_paths(data, Path(path).parent)
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
@@ -171,7 +177,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
 def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
+    text = _read_text(path)
     try:
         node = yaml.compose(text, Loader=_Loader)
         data = _yaml(text)
@@ -181,6 +187,7 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         return {}, {}
     if not isinstance(data, dict):  # a list, or a scalar such as `0` or `false`
         raise ConfigError(f"{path}: the top level must be a mapping of options")
+    _refuse_duplicate_keys(node, path)
     where: dict[str, str] = {}
     for key_node, value_node in node.value:
         where[key_node.value] = f"{path}:{key_node.start_mark.line + 1}: "
@@ -189,6 +196,34 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
                 line = sub_key.start_mark.line + 1
                 where[f"{key_node.value}.{sub_key.value}"] = f"{path}:{line}: "
     return data, where
+
+
+def _read_text(path: Path) -> str:
+    """The file as text: UTF-8, with or without a byte-order mark; ConfigError otherwise."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[err.start]:02x}); "
+                          "save the file as UTF-8") from None
+
+
+def _refuse_duplicate_keys(node: yaml.Node, path: Path) -> None:
+    """YAML takes the last of two equal keys in silence; a config that sets an option twice
+    is more likely a mistake, so name both lines."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            line = key_node.start_mark.line + 1
+            if key_node.value in seen:
+                raise ConfigError(f"{path}:{line}: option {key_node.value!r} is set twice "
+                                  f"(also on line {seen[key_node.value]}); keep one")
+            seen[key_node.value] = line
+            _refuse_duplicate_keys(value_node, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_duplicate_keys(item, path)
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any, origin: str) -> None:

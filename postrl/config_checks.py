@@ -3,8 +3,10 @@ names the option and where it was set (``config.yaml:12: ``, ``override lr=-1: `
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 from postrl.errors import ConfigError
 from postrl.models.precision import PRECISIONS
@@ -92,6 +94,31 @@ def _validate_vllm(cfg: TrainConfig, fail) -> None:
                  "machine has none: use rollout_backend=hf")
 
 
+def _numbers(value: Any, name: str):
+    """``(dotted name, number)`` for every float in an option's value, lists and mappings
+    included."""
+    if isinstance(value, float):
+        yield name, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, f"{name}.{key}")
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _numbers(item, name)
+    elif dataclasses.is_dataclass(value):
+        for item in dataclasses.fields(value):
+            yield from _numbers(getattr(value, item.name), f"{name}.{item.name}")
+
+
+def _refuse_non_finite(cfg: TrainConfig, fail) -> None:
+    """NaN or infinity as a hyperparameter trains to NaN weights or never stops; no option
+    means either (``null`` is how "no limit" is said)."""
+    for item in dataclasses.fields(cfg):
+        for name, number in _numbers(getattr(cfg, item.name), item.name):
+            if not math.isfinite(number):
+                fail(name, f"{name} must be a finite number, got {number}")
+
+
 def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
     """ConfigError for a bad value, prefixed with where the option was set."""
 
@@ -99,6 +126,7 @@ def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
         prefix = where.get(key, where.get(key.split(".")[0], ""))
         raise ConfigError(f"{prefix}{message}")
 
+    _refuse_non_finite(cfg, fail)
     for key in POSITIVE:
         if getattr(cfg, key) <= 0:
             fail(key, f"{key} must be > 0, got {getattr(cfg, key)}")
@@ -132,6 +160,9 @@ def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
              f"{cfg.prompts_per_step * cfg.group_size} responses of a step")
     if cfg.lora.r < 0 or cfg.lora.alpha <= 0 or not 0 <= cfg.lora.dropout < 1:
         fail("lora", f"lora needs r >= 0, alpha > 0 and dropout in [0, 1), got {cfg.lora}")
+    if cfg.lora.r and not cfg.lora.target_modules:
+        fail("lora.target_modules", "lora.target_modules is empty: name the layers to adapt "
+             "(e.g. [q_proj, v_proj]), or set lora.r=0")
     try:
         recipe = get_recipe(cfg.recipe)
     except ConfigError as err:

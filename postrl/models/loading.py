@@ -81,10 +81,22 @@ def resolve_model_dir(spec: str) -> Path:
     if spec == SMOLLM2:
         return smollm2_dir()
     path = Path(spec).expanduser()
+    if _looks_like_hub_id(spec) and not path.exists():
+        raise ConfigError(
+            f"model {spec!r} looks like a Hugging Face Hub id, and postrl never downloads "
+            f"models: fetch it once yourself (`hf download {spec} --local-dir DIR`) and pass "
+            f"the folder (--model DIR); or use {SMOLLM2!r} or {TINY!r}")
     if not (path / "config.json").is_file():
         raise ConfigError(f"model {spec!r} is neither {SMOLLM2!r}, {TINY!r} nor a local Hugging "
                           f"Face model directory (no config.json in {path})")
     return path
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    """``owner/name``: one slash, no leading dot, tilde or slash (those are paths)."""
+    owner, slash, name = spec.partition("/")
+    return bool(slash and owner and name and "/" not in name and "\\" not in spec
+                and not owner.startswith((".", "~")))
 
 
 def load_tokenizer(spec: str):
@@ -131,6 +143,6 @@ def _readable(path: Path, what: str):
     """Turn transformers' errors for an unreadable directory into one naming it."""
     try:
         yield
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except Exception as err:  # noqa: BLE001 - safetensors' own errors are plain Exceptions
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"could not load the {what} in {path}: {first_line}") from err

@@ -9,12 +9,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from postrl.errors import ConfigError
 from postrl.models.logprobs import SequenceBatch, response_hidden, response_logprobs
 
 
 def apply_lora(model, r: int, alpha: int, dropout: float, target_modules: list[str]):
-    """Wrap ``model`` with peft LoRA adapters; only the adapters are trainable."""
+    """Wrap ``model`` with peft LoRA adapters; only the adapters are trainable. ConfigError
+    for an entry of ``target_modules`` that names no module (peft matches an entry to every
+    module whose dotted name is it or ends in ``.entry``)."""
     from peft import LoraConfig, get_peft_model
+
+    names = [name for name, _ in model.named_modules()]
+    for target in target_modules:
+        if not any(name == target or name.endswith(f".{target}") for name in names):
+            linears = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                              if isinstance(module, nn.Linear)})
+            raise ConfigError(f"lora.target_modules: {target!r} matches no module of the model; "
+                              f"its linear layers are {', '.join(linears)}")
 
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
                         target_modules=list(target_modules), task_type="CAUSAL_LM")

@@ -43,7 +43,7 @@ def _load_file(location: str, spec: str) -> ModuleType:
     sys.modules[module_spec.name] = module  # as importlib's recipe does: dataclasses, pickle
     try:
         module_spec.loader.exec_module(module)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # a script that exits when imported, too
         del sys.modules[module_spec.name]
         raise ConfigError(
             f"reward {spec!r}: importing {str(path)!r} failed: {type(error).__name__}: {error}"
@@ -54,7 +54,7 @@ def _load_file(location: str, spec: str) -> ModuleType:
 def _load_module(location: str, spec: str) -> ModuleType:
     try:
         return importlib.import_module(location)
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         raise ConfigError(
             f"reward {spec!r}: cannot import module {location!r}: {type(error).__name__}: {error}"
         ) from error

@@ -114,6 +114,11 @@ class Scorer:
                 values = reward.function(prompts, completions, **columns)
         except RewardError:
             raise
+        except SystemExit as exit_:  # a script's sys.exit() must not end the run in silence
+            raise RewardError(
+                f"reward function {reward.name!r} called sys.exit({exit_.code!r}); a reward "
+                "function must return its values"
+            ) from exit_
         except Exception as error:
             raise RewardError(
                 f"reward function {reward.name!r} raised {type(error).__name__}: {error}"

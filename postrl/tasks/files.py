@@ -102,13 +102,14 @@ def parse_gsm8k_answer(value: Any, location: str) -> str:
 
 
 def read_jsonl(path: Path) -> Iterator[Record]:
-    """Records of a JSON Lines file; blank lines are skipped."""
+    """Records of a JSON Lines file; blank lines are skipped, and so is a UTF-8 byte-order
+    mark at the start (Windows tools write one)."""
     _check_file(path)
     with path.open("rb") as lines:
         for line_number, raw in enumerate(lines, start=1):
             location = f"{path}:{line_number}"
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
             except UnicodeDecodeError as error:
                 raise DataError(f"{location}: not valid UTF-8 text (byte {error.start} of the "
                                 "line); re-encode the file as UTF-8") from None

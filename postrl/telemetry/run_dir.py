@@ -11,11 +11,16 @@
 
 ``RunDir(path)`` only names the files and never touches the disk, so finished runs can be
 read with it. A training run starts with :meth:`RunDir.create`, which refuses to mix a new
-run into an old one.
+run into an old one. With ``overwrite``, the earlier run's outputs are moved aside into
+``.postrl-replaced/`` and deleted only once the new run has logged its first step
+(:meth:`RunDir.commit_replacement`); a run that fails before that puts them back
+(:meth:`RunDir.restore_replaced`), and one killed before that has them put back by the next
+:meth:`RunDir.create` there.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -31,11 +36,13 @@ METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 FINAL_DIR = "final"
 TRACKER_DIRS = ("tensorboard", "wandb", "mlruns")
+EARLIER_DIR = "earlier"  # logs of attempts that resume=auto could not continue
+REPLACED_DIR = ".postrl-replaced"  # an earlier run's outputs while overwrite replaces them
 
 # What `overwrite=True` removes: only what postrl itself writes into a run directory.
 # Anything else a user put there (notes, their own files) is left alone.
 RUN_OUTPUTS: tuple[str, ...] = (CONFIG_FILE, METRICS_FILE, SAMPLES_FILE, FINAL_DIR, *TRACKER_DIRS,
-                                 "checkpoints", "rollouts")
+                                 "checkpoints", "rollouts", EARLIER_DIR)
 
 
 class RunDir:
@@ -48,25 +55,71 @@ class RunDir:
     def create(cls, path: Path | str, *, overwrite: bool = False, resume: bool = False) -> RunDir:
         """Prepare ``path`` for a new run (or for resuming one) and return it.
 
-        A directory that already holds a ``metrics.jsonl`` belongs to an earlier run:
+        A directory whose ``metrics.jsonl`` holds a step belongs to an earlier run:
         without ``overwrite`` or ``resume`` this raises ConfigError naming the path and the
-        ``overwrite`` option. ``overwrite=True`` deletes postrl's own outputs there
-        (:data:`RUN_OUTPUTS`) and nothing else; ``resume=True`` keeps them, so new steps are
-        appended to the same files.
+        ``overwrite`` option. ``overwrite=True`` moves postrl's own outputs there
+        (:data:`RUN_OUTPUTS`) aside, and nothing else; ``resume=True`` keeps them, so new
+        steps are appended to the same files. Call it only with the directory locked
+        (:class:`~postrl.telemetry.run_lock.RunLock`).
         """
         if overwrite and resume:
             raise ConfigError("overwrite and resume exclude each other: set at most one")
         run = cls(path)
-        if run.metrics_path.exists() and not resume:
+        check_out_path(run.path)
+        _make_directory(run.path)
+        run.restore_replaced()  # an overwrite killed before its first step: put the run back
+        if run.has_steps and not resume:
             if not overwrite:
                 raise ConfigError(
                     f"run directory {run.path} already holds {METRICS_FILE} from an earlier "
                     "run; choose another output directory, or set overwrite=true to replace "
                     "that run's outputs (your other files there are kept)"
                 )
-            run.remove_outputs()
-        run.path.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            run._move_outputs(run.path, run.path / REPLACED_DIR)
         return run
+
+    def commit_replacement(self) -> None:
+        """The new run has started: delete the earlier run that ``overwrite`` moved aside."""
+        shutil.rmtree(self.path / REPLACED_DIR, ignore_errors=True)
+
+    def restore_replaced(self) -> bool:
+        """Put back an earlier run that ``overwrite`` moved aside, unless the new run has
+        logged a step (then it has started and the earlier one is deleted). True if the
+        earlier run was put back."""
+        aside = self.path / REPLACED_DIR
+        if not aside.is_dir():
+            return False
+        if self.has_steps:
+            self.commit_replacement()
+            return False
+        self.remove_outputs()
+        self._move_outputs(aside, self.path)
+        aside.rmdir()
+        return True
+
+    @staticmethod
+    def _move_outputs(source: Path, target: Path) -> None:
+        """Move the :data:`RUN_OUTPUTS` in ``source`` into ``target`` (renames only)."""
+        target.mkdir(exist_ok=True)
+        for name in RUN_OUTPUTS:
+            if (source / name).exists() or (source / name).is_symlink():
+                os.replace(source / name, target / name)
+
+    def keep_as_earlier(self) -> Path | None:
+        """Move the logs of an attempt that cannot be continued (metrics, samples, config)
+        into ``earlier/attempt-N/`` and return that folder (None if there were none)."""
+        logs = [p for p in (self.metrics_path, self.samples_path, self.config_path) if p.exists()]
+        if not logs:
+            return None
+        number = 1
+        while (self.path / EARLIER_DIR / f"attempt-{number}").exists():
+            number += 1
+        target = self.path / EARLIER_DIR / f"attempt-{number}"
+        target.mkdir(parents=True)
+        for path in logs:
+            os.replace(path, target / path.name)
+        return target
 
     def truncate_after(self, step: int) -> None:
         """Drop the metrics and samples of steps after ``step`` (logged after the checkpoint a
@@ -89,6 +142,11 @@ class RunDir:
                 shutil.rmtree(target)
             elif target.exists() or target.is_symlink():
                 target.unlink()
+
+    @property
+    def has_steps(self) -> bool:
+        """Whether a run has logged a step here (an empty ``metrics.jsonl`` has none)."""
+        return self.metrics_path.is_file() and self.metrics_path.stat().st_size > 0
 
     @property
     def name(self) -> str:
@@ -147,3 +205,21 @@ class RunDir:
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
+
+
+def check_out_path(path: Path) -> None:
+    """ConfigError when ``path`` (a run directory to be) is a file or lies below one."""
+    for candidate in (path, *path.parents):
+        if candidate.exists() and not candidate.is_dir():
+            raise ConfigError(f"out={str(path)!r} cannot be a run directory: {candidate} is "
+                              "a file; choose another out")
+        if candidate.is_dir():
+            return
+
+
+def _make_directory(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"out={str(path)!r}: cannot create the run directory: "
+                          f"{err.strerror or err}") from err

@@ -163,6 +163,16 @@ def make_sinks(report_to: Iterable[str], run_dir: Path | str) -> list[Sink]:
     return [trackers.TRACKERS[name](Path(run_dir)) for name in names]
 
 
+def check_sinks(report_to: Iterable[str]) -> None:
+    """ConfigError for an unknown name in ``report_to`` or a tracker package that is missing
+    (what :func:`make_sinks` would raise), creating nothing."""
+    from postrl.telemetry import trackers
+
+    for name in dict.fromkeys(report_to):
+        if name != "none":
+            trackers.require(name)
+
+
 def valid_report_to() -> list[str]:
     """Every name ``report_to`` accepts."""
     from postrl.telemetry.trackers import TRACKERS
@@ -175,6 +185,7 @@ __all__ = [
     "MultiSink",
     "Sink",
     "check_metrics",
+    "check_sinks",
     "make_sinks",
     "read_metrics",
     "valid_report_to",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,9 +11,10 @@ import numpy as np
 import torch
 
 from postrl.errors import ConfigError
-from postrl.train.checkpoint import latest_valid, load_checkpoint, save_checkpoint
+from postrl.train.checkpoint import is_valid, latest_valid, load_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
+    from postrl.config import TrainConfig
     from postrl.train.trainer import Trainer
 
 # options that may change between a run and its resumption without changing its results
@@ -69,20 +71,35 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: str) -
                           "resume with the original options, or start a new run")
 
 
-def resume(trainer: Trainer) -> int | None:
-    """Load the newest valid checkpoint (``resume=auto``) or the one named; drop any
-    metrics and samples logged after it. Returns the step resumed from, None if none."""
-    root = trainer.run.path / "checkpoints"
-    option = trainer.cfg.resume
-    if option == "auto":
-        path = latest_valid(root)
-    else:  # a checkpoint named by its directory, absolute or under checkpoints/
-        candidates = [p for p in (root / option, Path(option)) if p.is_dir()]
-        if not candidates:
-            raise ConfigError(f"resume={option!r}: no such checkpoint directory")
-        path = candidates[0]
+def checkpoint_to_resume(cfg: TrainConfig) -> Path | None:
+    """The checkpoint ``cfg.resume`` names: the newest valid one (``auto``; None if there is
+    none), or the directory named, absolute or under ``checkpoints/``, which must be valid."""
+    root = cfg.run_dir() / "checkpoints"
+    if cfg.resume == "auto":
+        return latest_valid(root)
+    candidates = [p for p in (root / cfg.resume, Path(cfg.resume)) if p.is_dir()]
+    if not candidates:
+        raise ConfigError(f"resume={cfg.resume!r}: no such checkpoint directory (looked in "
+                          f"{root} and {Path(cfg.resume).resolve()})")
+    valid, why = is_valid(candidates[0])
+    if not valid:
+        raise ConfigError(f"resume={cfg.resume!r}: checkpoint {candidates[0]} is not usable: "
+                          f"{why}; resume=auto continues from the newest valid one")
+    return candidates[0]
+
+
+def resume(trainer: Trainer, path: Path | None) -> int | None:
+    """Load the checkpoint at ``path`` (from :func:`checkpoint_to_resume`) and drop any
+    metrics and samples logged after it. Returns the step resumed from; None (no checkpoint)
+    starts from scratch, keeping the logs of the attempt before in ``earlier/``."""
     if path is None:
-        trainer.run.truncate_after(0)
+        kept = trainer.run.keep_as_earlier()
+        if kept is not None:
+            why = ("it saves none: save_every=0" if not trainer.cfg.save_every
+                   else "none was saved before it stopped, or none is valid")
+            warnings.warn(f"resume={trainer.cfg.resume}: {trainer.run.path} holds no checkpoint "
+                          f"to continue from ({why}); training starts from step 0, and the "
+                          f"logs of the attempt before are kept in {kept}", stacklevel=2)
         return None
     state = load_checkpoint(path)
     check_same_run(state["config"], trainer.cfg.resolved(), str(path))
@@ -96,3 +113,22 @@ def maybe_save(trainer: Trainer, final: bool = False) -> None:
     if every and (trainer.step % every == 0 or final) and trainer.step > 0:
         save_checkpoint(trainer.run.path / "checkpoints", trainer.step, trainer_state(trainer),
                         trainer.cfg.keep_last)
+
+
+def interrupted_note(trainer: Trainer | None) -> str:
+    """What an interrupted training left, and how to continue it (for the CLI's message)."""
+    if trainer is None or not hasattr(trainer, "run"):
+        return "training had not started: nothing was written"
+    if trainer.restored_earlier:
+        return (f"no step had finished; the earlier run in {trainer.run.path} was put back as "
+                "it was")
+    logged = trainer.run.read_metrics() if trainer.run.metrics_path.exists() else []
+    done = f"{logged[-1]['step'] if logged else 0} steps are logged in {trainer.run.metrics_path}"
+    newest = latest_valid(trainer.run.path / "checkpoints")
+    if newest is None:
+        why = ("save_every=0 saves none" if not trainer.cfg.save_every
+               else f"save_every={trainer.cfg.save_every}: none was due yet")
+        return (f"{done}; no checkpoint was saved ({why}), so this run cannot be continued: "
+                "start it again")
+    return (f"{done}; the newest checkpoint is {newest.name}: continue with the same options "
+            "and resume=auto")

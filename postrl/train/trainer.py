@@ -30,10 +30,13 @@ from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import cat_right_padded, select_rows
 from postrl.tasks import build_prompt, load_task
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
+from postrl.telemetry.run_dir import check_out_path
+from postrl.telemetry.run_lock import RunLock
+from postrl.telemetry.sinks import check_sinks
 from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
 from postrl.train.evaluate import evaluate
 from postrl.train.metrics import step_metrics
-from postrl.train.resume import maybe_save, resume
+from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
 from postrl.train.sampling import Collected, Group, PromptSampler, collect
 from postrl.train.update import (
     TokenScorer,
@@ -89,13 +92,32 @@ class Trainer:
             if slow:
                 warnings.warn(slow, stacklevel=2)
         seed_everything(cfg.seed)
-        self.run = RunDir.create(cfg.run_dir(), overwrite=cfg.overwrite,
-                                 resume=cfg.resume != "no")
+        self._load_inputs()  # every input is checked before the run directory is touched
+        self.lock = RunLock.acquire(cfg.run_dir())
+        self.restored_earlier = False  # an overwritten run put back (close)
+        try:
+            self.run = RunDir.create(cfg.run_dir(), overwrite=cfg.overwrite,
+                                     resume=cfg.resume != "no")
+            self.resumed_from = resume(self, self.checkpoint) if cfg.resume != "no" else None
+            self._start_engines()
+        except BaseException:
+            self.close(failed=True)
+            raise
+
+    def _load_inputs(self) -> None:
+        """Load and check everything a run reads: the task, the reward functions, the model
+        (and LoRA), the sampling options, the trackers, the checkpoint to resume from."""
+        cfg = self.cfg
+        check_out_path(cfg.run_dir())
         self.task = load_task(cfg.task, **cfg.task_options)
         self.scorer = Scorer(_reward_specs(cfg.rewards, self.task.default_rewards),
                              on_error=cfg.reward_errors, timeout_s=cfg.reward_timeout_s)
         self.verifier_name = self.task.default_rewards[0]
         self.verifier = load_reward(self.verifier_name)
+        self.sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens,
+                                       tuple(cfg.stop))
+        check_sinks(cfg.report_to)
+        self.checkpoint = checkpoint_to_resume(cfg) if cfg.resume != "no" else None
         model, self.tokenizer = load_trained_policy(cfg)
         self.policy = model
         self.lm = causal_lm(model)
@@ -105,8 +127,6 @@ class Trainer:
                                       precision=cfg.precision,
                                       entropies=records_entropies(cfg, self.recipe),
                                       record_forward=records_forward(cfg))
-        self.sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens,
-                                       tuple(cfg.stop))
         self.optimizer, self.critic_optimizer = make_optimizers(cfg, model, self.critic)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.sampler = PromptSampler(self.task.train(), cfg.seed)
@@ -119,7 +139,10 @@ class Trainer:
         self.skipped_steps = 0
         self.skipped_in_a_row = 0
         self.reward_errors = 0
-        self.resumed_from = resume(self) if cfg.resume != "no" else None
+
+    def _start_engines(self) -> None:
+        """The bf16 working copy, and Ray's workers or vLLM, from the (resumed) weights."""
+        cfg = self.cfg
         # bf16-master: a bf16 working copy scores and trains; self.lm keeps the float32 masters
         self.master = MasterWeights(self.lm) if cfg.precision == "bf16-master" else None
         if self.master is not None:  # the sampler records the working copy's forward
@@ -135,6 +158,19 @@ class Trainer:
 
             self.engine = VLLMRolloutEngine.from_policy(self.lm, self.tokenizer,
                                                            cfg.precision)
+
+    def close(self, failed: bool = False) -> None:
+        """Stop the workers and unlock the run directory. ``failed`` before the first step
+        was logged puts back an earlier run that ``overwrite`` was replacing."""
+        cluster, self.cluster = getattr(self, "cluster", None), None
+        try:
+            if cluster is not None:
+                cluster.close()
+        finally:
+            run = getattr(self, "run", None)
+            if failed and run is not None:
+                self.restored_earlier = run.restore_replaced()
+            self.lock.release()
 
     # ---- schedule -------------------------------------------------------------------------
     def _lr_factor(self, step: int) -> float:
@@ -156,25 +192,33 @@ class Trainer:
     # ---- one step -------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
         """Train until ``steps`` or the token budget; save the final policy; last metrics."""
+        if not self.lock.held:
+            raise TrainingError(f"this trainer of {self.run.path} was closed; make a new one")
+        failed = True
+        try:
+            metrics = self._train_steps()
+            save_policy(self.policy, self.tokenizer, self.run.final_dir)
+            failed = False
+        finally:
+            self.close(failed)
+        return metrics
+
+    def _train_steps(self) -> dict[str, float]:
         if self.resumed_from is None:
             self.run.write_config(self.cfg.resolved())
         metrics: dict[str, float] = {}
         sinks = MultiSink([JsonlSink(self.run.metrics_path),
                            *make_sinks(self.cfg.report_to, self.run.path)])
-        try:
-            with sinks, TrainProgress(self.cfg.steps, self.cfg.token_budget,
-                                      quiet=self.cfg.quiet) as bar:
-                while not self.done():
-                    metrics = self.train_step()
-                    metrics.update(self._maybe_evaluate())
-                    sinks.log(self.step, metrics)
-                    bar.update(self.step, metrics)
-                    self._save()
-            self._save(final=True)
-        finally:
-            if self.cluster is not None:
-                self.cluster.close()
-        save_policy(self.policy, self.tokenizer, self.run.final_dir)
+        with sinks, TrainProgress(self.cfg.steps, self.cfg.token_budget,
+                                  quiet=self.cfg.quiet) as bar:
+            while not self.done():
+                metrics = self.train_step()
+                metrics.update(self._maybe_evaluate())
+                sinks.log(self.step, metrics)
+                self.run.commit_replacement()  # the new run has started
+                bar.update(self.step, metrics)
+                self._save()
+        self._save(final=True)
         return metrics
 
     def _save(self, final: bool = False) -> None:

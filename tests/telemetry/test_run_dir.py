@@ -103,11 +103,72 @@ def test_an_earlier_run_is_not_reused_silently(tmp_path):
     assert run.read_metrics() == [{"step": 1, "lr": 0.1}]
 
 
-def test_overwrite_removes_only_what_postrl_wrote(tmp_path):
+def listing(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file()}
+
+
+def test_overwrite_replaces_only_what_postrl_wrote_once_the_new_run_has_started(tmp_path):
     run = finished_run(tmp_path / "x")
-    RunDir.create(run.path, overwrite=True)
-    assert sorted(p.name for p in run.path.iterdir()) == ["notes.md"]
+    new = RunDir.create(run.path, overwrite=True)
+    assert sorted(p.name for p in run.path.iterdir()) == [".postrl-replaced", "notes.md"]
+    new.write_config({"steps": 2})
+    with JsonlSink(new.metrics_path) as sink:
+        sink.log(1, {"lr": 0.5})
+    new.commit_replacement()
+    assert sorted(p.name for p in run.path.iterdir()) == ["config.yaml", "metrics.jsonl",
+                                                          "notes.md"]
+    assert new.read_metrics() == [{"step": 1, "lr": 0.5}]
     assert (run.path / "notes.md").read_text() == "my notes"
+
+
+def test_an_overwrite_that_fails_before_its_first_step_puts_the_earlier_run_back(tmp_path):
+    run = finished_run(tmp_path / "x")
+    before = listing(run.path)
+    new = RunDir.create(run.path, overwrite=True)
+    new.write_config({"steps": 2})
+    new.metrics_path.touch()  # a sink was opened, no step was logged
+    assert new.restore_replaced()
+    assert listing(run.path) == before
+
+
+def test_an_overwrite_killed_before_its_first_step_is_undone_by_the_next_create(tmp_path):
+    run = finished_run(tmp_path / "x")
+    before = listing(run.path)
+    RunDir.create(run.path, overwrite=True).write_config({"steps": 2})  # then SIGKILL
+    with pytest.raises(ConfigError, match="already holds"):
+        RunDir.create(run.path)
+    assert listing(run.path) == before
+
+
+def test_an_overwrite_killed_after_its_first_step_keeps_the_new_run(tmp_path):
+    run = finished_run(tmp_path / "x")
+    new = RunDir.create(run.path, overwrite=True)
+    with JsonlSink(new.metrics_path) as sink:
+        sink.log(1, {"lr": 0.5})  # then SIGKILL before commit_replacement
+    resumed = RunDir.create(run.path, resume=True)
+    assert not (run.path / ".postrl-replaced").exists()
+    assert resumed.read_metrics() == [{"step": 1, "lr": 0.5}]
+
+
+def test_an_out_that_is_a_file_is_refused_by_name(tmp_path):
+    (tmp_path / "taken").write_text("mine")
+    for out in (tmp_path / "taken", tmp_path / "taken" / "run"):
+        with pytest.raises(ConfigError, match=f"{tmp_path / 'taken'} is a file"):
+            RunDir.create(out)
+    assert (tmp_path / "taken").read_text() == "mine"
+
+
+def test_logs_of_an_attempt_that_cannot_continue_are_kept_in_earlier(tmp_path):
+    run = finished_run(tmp_path / "x")
+    first = run.keep_as_earlier()
+    assert first == run.path / "earlier" / "attempt-1"
+    assert sorted(p.name for p in first.iterdir()) == ["config.yaml", "metrics.jsonl",
+                                                       "samples.jsonl"]
+    assert not run.metrics_path.exists() and run.final_dir.is_dir()
+    run.write_config({"steps": 3})
+    assert run.keep_as_earlier() == run.path / "earlier" / "attempt-2"
+    assert run.keep_as_earlier() is None
 
 
 def test_resume_keeps_the_earlier_steps(tmp_path):
