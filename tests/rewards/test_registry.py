@@ -73,7 +73,8 @@ def test_reward_name() -> None:
         ("module:", r"unknown reward 'module:'"),
         ("no_such_module_xyz:fn", r"reward 'no_such_module_xyz:fn'.*cannot import module"),
         ("postrl.rewards.math_answer:no_such_fn", r"has no attribute 'no_such_fn'"),
-        ("postrl.rewards.math_answer:_REL_TOL", r"'_REL_TOL' is a float, not a function"),
+        ("postrl.rewards.math_answer:_MATH_VERIFY_TIMEOUT_S",
+         r"'_MATH_VERIFY_TIMEOUT_S' is a int, not a function"),
         ("missing/dir/rewards.py:fn", r"reward 'missing/dir/rewards.py:fn'.*does not exist"),
     ],
 )
