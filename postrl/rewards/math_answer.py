@@ -23,7 +23,8 @@ _HASHES = re.compile(r"####[ \t]*(.*)$", re.MULTILINE)
 # thousands commas, an optional decimal part, an optional exponent (1.5e3).
 _PLAIN = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+|(?=\.\d))(?:\.\d+)?(?:[eE][-+]?\d+)?"
 _FRACTION = r"-?(?:\d+|(?=\.\d))(?:\.\d+)?/\d+"  # 3/4, -1/2
-_LATEX_FRACTION = r"-?\\[dt]?frac\s*(?:\{\s*-?\d+\s*\}\s*\{\s*\d+\s*\}|\d\d)"  # \frac{7}{2}, \tfrac12
+# \frac{7}{2}, \tfrac12
+_LATEX_FRACTION = r"-?\\[dt]?frac\s*(?:\{\s*-?\d+\s*\}\s*\{\s*\d+\s*\}|\d\d)"
 _TIMES_TEN = (r"[-+]?\d+(?:\.\d+)?\s*(?:\\times|\\cdot|×|\*)\s*10\s*\^\s*"
               r"(?:\{\s*[-+]?\d+\s*\}|[-+]?\d+)")  # 1.5 \times 10^{3}
 _MIXED = r"-?\d+\s+\d+/\d+"  # 3 1/2
