@@ -167,6 +167,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
             value = _yaml(text) if text else ""
         except yaml.YAMLError:
             value = text
+        if isinstance(value, dict) and not text.lstrip().startswith("{"):
+            value = text  # `task=gsm8k:` is a spec with its path missing, not a mapping
         _set_dotted(data, key.strip(), value, f"override {item}")
         where[key.strip()] = where[key.split(".")[0]] = f"override {item}: "
     cfg = _build(TrainConfig, data, where, prefix="")

@@ -74,3 +74,37 @@ def test_exponent_floats_without_a_dot_are_floats(tmp_path):
     assert (cfg.lr, cfg.critic_lr) == (1e-6, 2e-5)
     assert (cfg.build_recipe().clip_high, cfg.build_recipe().clip_low) == (0.3, 0.1)
     assert load_config(None, ["system_prompt=1e-3x"]).system_prompt == "1e-3x"
+
+
+def test_paths_in_a_config_file_are_relative_to_its_folder(tmp_path, monkeypatch):
+    from postrl.config_paths import TASK_FILE_KINDS
+    from postrl.tasks.registry import FILE_KINDS
+
+    assert set(TASK_FILE_KINDS) == set(FILE_KINDS)
+    folder = tmp_path / "project" / "configs"
+    folder.mkdir(parents=True)
+    (folder / "model").mkdir()
+    (folder / "saved").mkdir()
+    (folder / "c.yaml").write_text(
+        "task: jsonl:../data/train.jsonl\n"
+        "task_options: {test_path: data/test.jsonl}\n"
+        "rewards: [rw.py:fn, {fn: sub/rw2.py:g, weight: 2}, math_answer, pkg.mod:fn]\n"
+        "out: ../runs/x\nmodel: model\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(folder / "c.yaml")
+    assert cfg.task == f"jsonl:{tmp_path / 'project' / 'data' / 'train.jsonl'}"
+    assert cfg.task_options["test_path"] == str(folder / "data" / "test.jsonl")
+    assert cfg.rewards == [f"{folder / 'rw.py'}:fn", {"fn": f"{folder / 'sub' / 'rw2.py'}:g",
+                                                       "weight": 2}, "math_answer", "pkg.mod:fn"]
+    assert cfg.out == str(tmp_path / "project" / "runs" / "x")
+    assert cfg.model == str(folder / "model")
+    # names that are not paths stay; overrides are relative to the current directory
+    (folder / "d.yaml").write_text("task: saved\nmodel: tiny\nout: /abs/run\n")
+    assert load_config(folder / "d.yaml").task == str(folder / "saved")
+    assert load_config(folder / "d.yaml").model == "tiny"
+    assert load_config(folder / "d.yaml").out == "/abs/run"
+    assert load_config(folder / "c.yaml", ["out=runs/y"]).out == "runs/y"
+    (folder / "e.yaml").write_text("task: arithmetic\nmodel: HuggingFaceTB/SmolLM2-135M\n")
+    assert load_config(folder / "e.yaml").model == "HuggingFaceTB/SmolLM2-135M"

@@ -162,3 +162,15 @@ def test_saved_datasets_directory(tmp_path):
     (tmp_path / "plain").mkdir()
     with pytest.raises(DataError, match="not a dataset saved with save_to_disk"):
         load_saved_dataset(tmp_path / "plain")
+
+
+def test_a_byte_order_mark_at_the_start_of_a_jsonl_file_is_skipped(tmp_path):
+    path = tmp_path / "train.jsonl"
+    lines = [json.dumps(gsm8k_record(f"q{i}", i)) for i in range(20)]
+    path.write_bytes("\n".join(lines).encode("utf-8-sig"))
+    task = load_gsm8k(path, test_fraction=0.2)
+    assert sorted(ex.question for ex in [*task.train(), *task.test()]) == sorted(
+        f"q{i}" for i in range(20))
+    path.write_bytes(b"\n".join([lines[0].encode(), b"\xef\xbb\xbf" + lines[1].encode()]))
+    with pytest.raises(DataError, match="train.jsonl:2: invalid JSON"):  # only at the start
+        load_gsm8k(path)

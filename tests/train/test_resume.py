@@ -112,3 +112,18 @@ def test_full_disk_while_saving_keeps_earlier_checkpoints(tmp_path, monkeypatch)
     root = tmp_path / "run" / "checkpoints"
     assert [p.name for p in root.iterdir()] == ["step_000001"]
     assert is_valid(root / "step_000001")[0]
+
+
+def test_resume_auto_without_a_checkpoint_keeps_the_attempt_before_and_warns(tmp_path):
+    Trainer(load_config(None, options(tmp_path / "run", "grpo", "steps=2", "save_every=0"))
+            ).train()
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.warns(UserWarning, match=r"holds no checkpoint to continue from \(it saves "
+                                         r"none: save_every=0\); training starts from step 0"):
+        trainer = Trainer(load_config(None, options(tmp_path / "run", "grpo", "steps=2",
+                                                    "save_every=0", "resume=auto")))
+    trainer.train()
+    kept = tmp_path / "run" / "earlier" / "attempt-1"
+    assert (kept / "metrics.jsonl").read_text() == before
+    assert {p.name for p in kept.iterdir()} == {"metrics.jsonl", "samples.jsonl", "config.yaml"}
+    assert [r["step"] for r in metrics_without_clock(tmp_path / "run")] == [1, 2]
