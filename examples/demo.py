@@ -75,3 +75,6 @@ if __name__ == "__main__":
     except PostRLError as err:
         print(f"demo: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("demo: interrupted (make demo starts it again from the beginning)", file=sys.stderr)
+        sys.exit(130)

@@ -68,16 +68,19 @@ class RunDir:
         check_out_path(run.path)
         _make_directory(run.path)
         run.restore_replaced()  # an overwrite killed before its first step: put the run back
-        if run.has_steps and not resume:
-            if not overwrite:
-                raise ConfigError(
-                    f"run directory {run.path} already holds {METRICS_FILE} from an earlier "
-                    "run; choose another output directory, or set overwrite=true to replace "
-                    "that run's outputs (your other files there are kept)"
-                )
+        run.check_can_start(overwrite, resume)
         if overwrite:
             run._move_outputs(run.path, run.path / REPLACED_DIR)
         return run
+
+    def check_can_start(self, overwrite: bool, resume: bool) -> None:
+        """ConfigError if a new run here would mix with an earlier one (reads only)."""
+        if self.has_steps and not (overwrite or resume):
+            raise ConfigError(
+                f"run directory {self.path} already holds {METRICS_FILE} from an earlier "
+                "run; choose another output directory, or set overwrite=true to replace "
+                "that run's outputs (your other files there are kept)"
+            )
 
     def commit_replacement(self) -> None:
         """The new run has started: delete the earlier run that ``overwrite`` moved aside."""

@@ -108,7 +108,8 @@ class Trainer:
         """Load and check everything a run reads: the task, the reward functions, the model
         (and LoRA), the sampling options, the trackers, the checkpoint to resume from."""
         cfg = self.cfg
-        check_out_path(cfg.run_dir())
+        check_out_path(cfg.run_dir())  # before the slow loads, as RunDir.create will again
+        RunDir(cfg.run_dir()).check_can_start(cfg.overwrite, cfg.resume != "no")
         self.task = load_task(cfg.task, **cfg.task_options)
         self.scorer = Scorer(_reward_specs(cfg.rewards, self.task.default_rewards),
                              on_error=cfg.reward_errors, timeout_s=cfg.reward_timeout_s)
