@@ -149,6 +149,51 @@ _KL_FORMULA = {
 }
 
 
+def _mismatch_state(r: Recipe) -> tuple:
+    weight = (("off",) if r.mismatch_weight == "none" else
+              (r.mismatch_weight, r.mismatch_mode, r.mismatch_cap) if r.mismatch_mode == "truncate"
+              else (r.mismatch_weight, r.mismatch_mode, r.mismatch_low, r.mismatch_high))
+    return (*weight, r.mismatch_reject)
+
+
+def _mismatch_describe(r: Recipe) -> str:
+    parts = []
+    if r.mismatch_weight != "none":
+        unit = {"token": "per token", "sequence_product": "per response, product of token "
+                "weights (underflows on long responses)", "sequence_geometric":
+                "per response, geometric mean of token weights"}[r.mismatch_weight]
+        handled = (f"truncated at C={r.mismatch_cap} (TIS)" if r.mismatch_mode == "truncate" else
+                   f"0 outside [{r.mismatch_low}, {r.mismatch_high}] (MIS)")
+        parts.append(f"importance weights {unit}, {handled}")
+    if r.mismatch_reject is not None:
+        parts.append(f"responses rejected outside [1/{r.mismatch_reject}, {r.mismatch_reject}]")
+    return "; ".join(parts) or "off (the gap is logged, not corrected)"
+
+
+def _mismatch_source(r: Recipe) -> str:
+    sources = []
+    if r.mismatch_weight != "none":
+        sources.append("TIS, Yao et al. 2025 ('Your efficient RL framework secretly brings you "
+                       "off-policy RL training')" if r.mismatch_mode == "truncate" else
+                       "MIS / IcePop, Ling Team 2025; Liu, Li et al. 2025 ('When speed kills "
+                       "stability')")
+    if r.mismatch_reject is not None:
+        sources.append("geometric rejection, Liu, Li et al. 2025 (verl rollout_rs=geometric)")
+    return "; ".join(sources) or "Yao et al. 2025; Liu, Li et al. 2025 (off in every preset)"
+
+
+def _mismatch_formula(r: Recipe) -> str:
+    unit = {"none": "w = 1", "token": "w[i,t] = pi_old/pi_sampler",
+            "sequence_product": "w_i = exp(sum_t (old - sampler))",
+            "sequence_geometric": "w_i = exp(mean_t (old - sampler))"}[r.mismatch_weight]
+    if r.mismatch_weight != "none":
+        unit += (",  w <- min(w, C)" if r.mismatch_mode == "truncate" else
+                 ",  w <- 0 outside [low, high]")
+    if r.mismatch_reject is not None:
+        unit += ",  w_i <- 0 if exp(mean_t (old - sampler)) outside [1/b, b]"
+    return f"l[i,t] = -w * psi,  {unit}"
+
+
 def _on_off(flag: bool, detail: str = "") -> str:
     return f"on{detail}" if flag else "off"
 
@@ -203,6 +248,9 @@ COMPONENTS: tuple[Component, ...] = (
                                 f": soft overlong punishment, L_cache={r.overlong_buffer}"),
               lambda r: "DAPO soft overlong punishment, Yu et al. 2025 eq. 13",
               lambda r: "R += ((L_max - L_cache) - L) / L_cache inside the last L_cache tokens"),
+    Component("mismatch correction", ("mismatch_weight", "mismatch_mode", "mismatch_cap",
+                                      "mismatch_low", "mismatch_high", "mismatch_reject"),
+              _mismatch_state, _mismatch_describe, _mismatch_source, _mismatch_formula),
 )
 
 

@@ -65,6 +65,9 @@ class TrainConfig:
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     max_grad_norm: float | None = 1.0
     precision: str = "fp32"  # bf16: autocast; bf16-master: bf16 working copy, float32 masters
+    sampler_precision: str | None = None  # the sampler's, when it differs from the update's
+    #   (fp32 and bf16 only): a sampler that is not the trainer, as vLLM in bf16 would be;
+    #   null = precision
     torch_compile: bool = False  # compile the training forward's decoder layers (Llama-style
     #   models; one graph for all layers, 25 s to 4 minutes once for SmolLM2 on 2 cores);
     #   layers reading the sampler's record (below) run eagerly, which is faster
@@ -109,6 +112,11 @@ class TrainConfig:
     reuse_freed_memory: bool = True  # glibc's malloc keeps freed memory for reuse instead of
     #   returning it to the kernel: large tensors stop paying for fresh pages (postrl/process.py)
     quiet: bool = False
+
+    @property
+    def sampling_precision(self) -> str:
+        """The precision rollouts are sampled in."""
+        return self.sampler_precision or self.precision
 
     @property
     def updates_per_batch(self) -> int:

@@ -142,6 +142,11 @@ def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
     if cfg.precision not in PRECISIONS:
         fail("precision", f"precision must be one of {', '.join(PRECISIONS)}, got "
              f"{cfg.precision!r}")
+    if cfg.sampler_precision is not None and (cfg.sampler_precision not in ("fp32", "bf16")
+                                              or cfg.precision not in ("fp32", "bf16")):
+        fail("sampler_precision", f"sampler_precision={cfg.sampler_precision!r} with "
+             f"precision={cfg.precision!r}: a sampler of its own precision takes fp32 or bf16, "
+             "beside an update in fp32 or bf16 (bf16-master samples its working copy)")
     if cfg.reward_errors not in ("raise", "zero"):
         fail("reward_errors", f"reward_errors must be raise or zero, got {cfg.reward_errors!r}")
     if cfg.reward_timeout_s is not None and cfg.reward_timeout_s <= 0:

@@ -14,6 +14,7 @@ from typing import Any, get_args
 
 from postrl.errors import ConfigError
 from postrl.objectives import AGGREGATIONS, RATIO_UNITS, PolicyLossConfig
+from postrl.objectives.mismatch import WEIGHT_MODES, WEIGHT_UNITS
 
 ADVANTAGES = ("group", "rloo", "gae", "reinforce_pp", "reinforce_pp_baseline")
 GROUP_ADVANTAGES = ("group", "rloo", "reinforce_pp_baseline")
@@ -27,6 +28,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "aggregation": AGGREGATIONS,
     "kl_placement": ("none", "loss", "reward"),
     "kl_estimator": ("k1", "k2", "k3"),
+    "mismatch_weight": WEIGHT_UNITS,
+    "mismatch_mode": WEIGHT_MODES,
 }
 
 
@@ -75,6 +78,14 @@ class Recipe:
     overlong_penalty: bool = False
     overlong_buffer: int = 16  # L_cache, tokens before max_new_tokens where the penalty ramps
     overlong_penalty_factor: float = 1.0
+    # sampler-trainer mismatch correction (postrl.objectives.mismatch); off in every preset
+    mismatch_weight: str = "none"  # token, sequence_product or sequence_geometric
+    mismatch_mode: str = "truncate"  # truncate at mismatch_cap (TIS) or mask (MIS / IcePop)
+    mismatch_cap: float = 2.0  # C of TIS
+    mismatch_low: float = 0.5  # the mask's bounds
+    mismatch_high: float = 2.0
+    mismatch_reject: float | None = None  # b: reject responses whose geometric weight is
+    #   outside [1/b, b]
 
     def __post_init__(self) -> None:
         validate(self)
@@ -123,6 +134,12 @@ class Recipe:
             kl_coef=self.kl_coef if self.kl_placement == "loss" else 0.0,
             kl_estimator=self.kl_estimator,  # type: ignore[arg-type]
             entropy_coef=self.entropy_coef,
+            mismatch_weight=self.mismatch_weight,
+            mismatch_mode=self.mismatch_mode,
+            mismatch_cap=self.mismatch_cap,
+            mismatch_low=self.mismatch_low,
+            mismatch_high=self.mismatch_high,
+            mismatch_reject=self.mismatch_reject,
         )
 
 
@@ -191,6 +208,14 @@ def validate(r: Recipe) -> None:
         raise ConfigError(f"max_sampling_rounds must be >= 1, got {r.max_sampling_rounds}")
     if r.overlong_buffer < 1:
         raise ConfigError(f"overlong_buffer must be >= 1, got {r.overlong_buffer}")
+    if r.mismatch_cap < 1:
+        raise ConfigError(f"mismatch_cap must be >= 1 (C of TIS), got {r.mismatch_cap}")
+    if not 0 <= r.mismatch_low < 1 < r.mismatch_high:
+        raise ConfigError(f"the mismatch mask needs 0 <= mismatch_low < 1 < mismatch_high, got "
+                          f"{r.mismatch_low} and {r.mismatch_high}")
+    if r.mismatch_reject is not None and r.mismatch_reject <= 1:
+        raise ConfigError(f"mismatch_reject b must be > 1 (responses outside [1/b, b] are "
+                          f"rejected), got {r.mismatch_reject}")
 
 
 _GRPO = Recipe("grpo", kl_placement="loss", kl_estimator="k3", kl_coef=0.04)

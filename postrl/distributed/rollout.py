@@ -64,10 +64,10 @@ def build_engine(cfg: TrainConfig, policy_state: dict) -> tuple[object, Callable
     if cfg.rollout_backend == "vllm":
         from postrl.rollout.vllm import VLLMRolloutEngine
 
-        engine = VLLMRolloutEngine.from_policy(lm, tokenizer, cfg.precision)
+        engine = VLLMRolloutEngine.from_policy(lm, tokenizer, cfg.sampling_precision)
         return engine, engine.load_weights
     lm.to(worker_device(cfg))  # on a GPU, HFRolloutEngine samples with transformers' forward
-    engine = HFRolloutEngine(lm, tokenizer, batch_size=None, precision=cfg.precision,
+    engine = HFRolloutEngine(lm, tokenizer, batch_size=None, precision=cfg.sampling_precision,
                              entropies=records_entropies(cfg, cfg.build_recipe()))
     return engine, lambda weights: load_trainable(lm, weights)
 

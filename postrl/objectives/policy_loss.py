@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from postrl.objectives import surrogates
+from postrl.objectives import mismatch, surrogates
 from postrl.objectives.aggregation import Aggregation, BatchCounts, aggregate
 from postrl.objectives.diagnostics import Diagnostics
 from postrl.objectives.kl import Estimator, kl_penalty
@@ -36,6 +36,17 @@ class PolicyLossConfig:
     kl_coef: float = 0.0  # beta of the KL term placed in the loss; 0 = no KL term
     kl_estimator: Estimator = "k3"
     entropy_coef: float = 0.0
+    # the sampler-trainer mismatch correction (postrl.objectives.mismatch); "none": off
+    mismatch_weight: str = "none"
+    mismatch_mode: str = "truncate"
+    mismatch_cap: float = 2.0
+    mismatch_low: float = 0.5
+    mismatch_high: float = 2.0
+    mismatch_reject: float | None = None
+
+    @property
+    def corrects_mismatch(self) -> bool:
+        return self.mismatch_weight != "none" or self.mismatch_reject is not None
 
 
 @dataclass
@@ -48,6 +59,7 @@ class PolicyLossInputs:
     response_mask: Tensor
     ref_logp: Tensor | None = None
     entropy: Tensor | None = None  # per-token policy entropy (with grad for the bonus)
+    sampler_logp: Tensor | None = None  # the sampler's log-probs of its tokens (behaviour)
 
 
 @dataclass
@@ -101,6 +113,14 @@ def policy_loss(
         return aggregate(values, mask, cfg.aggregation, counts, cfg.norm_constant)
 
     token_loss = -surr.psi
+    if batch.sampler_logp is not None:
+        correction = mismatch.correct(batch.old_logp, batch.sampler_logp, mask,
+                                      cfg.mismatch_weight, cfg.mismatch_mode, cfg.mismatch_cap,
+                                      cfg.mismatch_low, cfg.mismatch_high, cfg.mismatch_reject)
+        if cfg.corrects_mismatch:
+            token_loss = token_loss * correction.weight.to(token_loss.dtype)
+    elif cfg.corrects_mismatch:
+        raise ValueError("the mismatch correction needs the sampler's log-probs in the inputs")
     loss = agg(token_loss)
     diag = Diagnostics()
     diag.add("loss/policy", loss.item())
@@ -129,7 +149,41 @@ def policy_loss(
         raise ValueError("entropy_coef > 0 needs per-token entropy in the inputs")
     diag.add("loss/total", loss.item())
     _ratio_diagnostics(diag, surr, batch, counts)
+    if batch.sampler_logp is not None:
+        _mismatch_diagnostics(diag, batch, cfg, correction)
     return LossOutput(loss=loss, diagnostics=diag)
+
+
+def _mismatch_diagnostics(diag: Diagnostics, batch: PolicyLossInputs, cfg: PolicyLossConfig,
+                          correction: mismatch.Correction) -> None:
+    """The gap between sampler and trainer, and the weights that correct it: means over the
+    rows that carry the sampler's log-probs. With the correction off, the weight statistics
+    are those of the token weights it would apply."""
+    valid = batch.response_mask.bool()
+    tokens = float(valid.sum())
+    responses = float(valid.any(dim=1).sum())
+    k1, k3 = mismatch.mismatch_kl(batch.old_logp, batch.sampler_logp)
+    diag.add_mean("mismatch/kl_k1", float(k1[valid].sum()), tokens)
+    diag.add_mean("mismatch/kl_k3", float(k3[valid].sum()), tokens)
+    diag.add_mean("mismatch/sampler_ppl", -float(batch.sampler_logp[valid].double().sum()),
+                  tokens, exp=True)
+    diag.add_mean("mismatch/trainer_ppl", -float(batch.old_logp[valid].double().sum()), tokens,
+                  exp=True)
+    if cfg.mismatch_weight == "none":
+        log_w, _ = mismatch.log_weights(batch.old_logp, batch.sampler_logp, valid, "token")
+        weights = raw = log_w.exp()[valid]
+    else:
+        weights, raw = correction.weight[valid], correction.raw[valid]
+    diag.add_mean("mismatch/weight_mean", float(weights.sum()), tokens)
+    if len(weights):
+        diag.low("mismatch/weight_min", float(weights.min()))
+        diag.high("mismatch/weight_max", float(weights.max()))
+    diag.add_ess("mismatch/ess", float(raw.sum()), float(raw.square().sum()), tokens)
+    diag.add_mean("mismatch/truncated_frac", float(correction.truncated[valid].sum()), tokens)
+    diag.add_mean("mismatch/masked_frac", float(correction.masked[valid].sum()), tokens)
+    diag.add_mean("mismatch/rejected_frac", float(correction.rejected.sum()), responses)
+    if cfg.mismatch_weight == "sequence_product":
+        diag.add_mean("mismatch/bounded_frac", float(correction.bounded.sum()), responses)
 
 
 def _ratio_diagnostics(

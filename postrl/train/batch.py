@@ -39,6 +39,9 @@ class TrainBatch:
     # the sampler's per-token entropies, when its backend reports them: the diagnostics of
     # rows the update does not score (``postrl.train.update``)
     sampler_entropy: Tensor | None = None
+    # the sampler's log-prob of each token it drew (the behaviour policy; 0 off-mask): the
+    # mismatch between sampler and trainer is measured and corrected against it
+    sampler_logp: Tensor | None = None
     # the sampler's forward, when it recorded one for all the rows (``postrl.models.recorded``):
     # the update reads its linears' outputs instead of multiplying, while it is fresh
     recorded: RecordedRows | None = None
@@ -78,6 +81,7 @@ def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
         truncated=truncated,
         group_size=groups[0].rollouts.group_size,
         sampler_entropy=cat("entropies", 0.0) if reported else None,
+        sampler_logp=cat("logprobs", 0.0),
         recorded=_recorded(groups),
     )
 
@@ -130,4 +134,4 @@ def save_rollout_batch(batch: TrainBatch, path: Path, config: dict[str, Any]) ->
 def load_rollout_batch(path: Path) -> tuple[TrainBatch, dict[str, Any]]:
     """The batch and the resolved config of the run that saved it."""
     saved = torch.load(path, weights_only=False)
-    return TrainBatch(**saved["batch"]), saved["config"]
+    return TrainBatch(**saved["batch"]), saved["config"]  # older saves: no sampler_logp

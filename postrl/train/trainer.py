@@ -125,7 +125,7 @@ class Trainer:
         self.reference = ReferencePolicy(model) if self.recipe.needs_reference else None
         self.critic = ValueModel(model) if self.recipe.critic else None
         self.engine = HFRolloutEngine(self.lm, self.tokenizer, batch_size=None,
-                                      precision=cfg.precision,
+                                      precision=cfg.sampling_precision,
                                       entropies=records_entropies(cfg, self.recipe),
                                       record_forward=records_forward(cfg))
         self.optimizer, self.critic_optimizer = make_optimizers(cfg, model, self.critic)
@@ -158,7 +158,7 @@ class Trainer:
             from postrl.rollout.vllm import VLLMRolloutEngine
 
             self.engine = VLLMRolloutEngine.from_policy(self.lm, self.tokenizer,
-                                                           cfg.precision)
+                                                           cfg.sampling_precision)
 
     def close(self, failed: bool = False) -> None:
         """Stop the workers and unlock the run directory. ``failed`` before the first step
@@ -447,6 +447,7 @@ def records_forward(cfg: TrainConfig) -> bool:
     which stay for micro-batches without a record)."""
     return (cfg.reuse_sampler_forward and cfg.launcher == "local" and cfg.train_workers == 1
             and cfg.rollout_backend == "hf" and cfg.precision in ("fp32", "bf16-master")
+            and cfg.sampling_precision == cfg.precision
             and cfg.updates_per_batch == 1)
 
 

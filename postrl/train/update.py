@@ -397,7 +397,9 @@ def unscored_diagnostics(batch: TrainBatch, rows: Tensor, loss_cfg: PolicyLossCo
     zeros = torch.zeros(mask.shape)
     inputs = PolicyLossInputs(zeros, zeros, batch.advantages[rows, :width], mask,
                               entropy=batch.sampler_entropy[rows, :width])
-    return policy_loss(inputs, loss_cfg, counts).diagnostics
+    # no trainer forward: no mismatch to measure, and the weights of zero terms change nothing
+    uncorrected = dataclasses.replace(loss_cfg, mismatch_weight="none", mismatch_reject=None)
+    return policy_loss(inputs, uncorrected, counts).diagnostics
 
 
 def _micro_step(models: Trainable, batch: TrainBatch, micro: Tensor, scale: float,
@@ -454,8 +456,9 @@ def _policy_micro_step(policy, sequences, batch: TrainBatch, micro: Tensor, widt
     old = _rows(batch.old_logp, micro, width, settings.device)
     ref = _rows(batch.ref_logp, micro, width, settings.device)
     advantages = _rows(batch.advantages, micro, width, settings.device)
+    sampler = _rows(batch.sampler_logp, micro, width, settings.device)
     out = policy_loss(PolicyLossInputs(logp, logp.detach() if old is None else old, advantages,
-                                       mask, ref, entropy), loss_cfg, counts)
+                                       mask, ref, entropy, sampler), loss_cfg, counts)
     # always backward, even a non-finite loss: data-parallel replicas must all take part in
     # the gradient all-reduce; the non-finite step is then skipped by every replica
     if backward:
