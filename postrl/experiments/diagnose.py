@@ -15,6 +15,8 @@ was seen and what to try. The checks and their thresholds (module constants belo
   :data:`TOKEN_LOGRATIO_STD_HIGH`.
 - ``entropy_collapse``: ``entropy/mean`` falls by a factor ≥ :data:`ENTROPY_COLLAPSE_FACTOR`.
 - ``truncation``: ``length/truncated_frac`` ≥ :data:`TRUNCATION_HIGH` (run or late mean).
+- ``sampler_mismatch``: a step's ``mismatch/kl_k3`` ≥ :data:`MISMATCH_KL_HIGH` or its
+  ``mismatch/ess`` ≤ :data:`MISMATCH_ESS_LOW`: the sampler and the trainer disagree.
 
 Trend checks (length drift, entropy) need :data:`MIN_TREND_STEPS` steps with values.
 """
@@ -45,6 +47,8 @@ CLIP_SPIKE_FACTOR = 5.0  # ... and 5x the run's median clipped fraction
 TOKEN_LOGRATIO_STD_HIGH = 0.2  # ≈ log 1.2: the spread alone exceeds PPO's ±0.2 clip range
 ENTROPY_COLLAPSE_FACTOR = 4.0
 TRUNCATION_HIGH = 0.2
+MISMATCH_KL_HIGH = 1e-3  # nats a token: over a 500-token response, a log-weight of about 0.5
+MISMATCH_ESS_LOW = 0.8  # a fifth of the sample's weight lost to unequal importance weights
 LENGTH_NORMALISED = ("seq_mean_token_mean",)  # aggregations dividing by each response's length
 STD_SCALED = ("group", "batch")  # adv_scale values dividing by a reward std
 
@@ -247,9 +251,34 @@ def check_truncation(view: View) -> list[Finding]:
                     f"{value:.0%} of responses hit max_new_tokens", advice)]
 
 
+def check_mismatch(view: View) -> list[Finding]:
+    kl, ess = view.points("mismatch/kl_k3"), view.points("mismatch/ess")
+    high = sorted({s for s, v in kl if v >= MISMATCH_KL_HIGH} |
+                  {s for s, v in ess if v <= MISMATCH_ESS_LOW})
+    if not high:
+        return []
+    worst = max(v for _, v in kl) if kl else float("nan")
+    lowest = min(v for _, v in ess) if ess else float("nan")
+    if view.recipe.get("mismatch_weight", "none") == "none":
+        advice = ("correct it: recipe_options.mismatch_weight=token truncates token importance "
+                  "weights pi_old/pi_sampler at mismatch_cap=2 (TIS, Yao et al. 2025); "
+                  "mismatch_mode=mask drops outliers instead (IcePop); and look for its source "
+                  "(sampler_precision, a stale sampler)")
+    else:
+        shares = [statistics.fmean(view.values(m) or [0.0])
+                  for m in ("mismatch/truncated_frac", "mismatch/masked_frac")]
+        advice = (f"the correction is on ({view.recipe['mismatch_weight']}, "
+                  f"{view.recipe.get('mismatch_mode')}; {shares[0]:.1%} of tokens truncated, "
+                  f"{shares[1]:.1%} masked on average); shrink the gap at its source: the same "
+                  "precision for sampler and trainer, fresher sampler weights")
+    return [Finding("sampler_mismatch", "warning", "mismatch/kl_k3", worst, (high[0], high[-1]),
+                    f"the sampler and the trainer disagree: mismatch KL (k3) up to {worst:.2g} "
+                    f"nats a token, effective sample size down to {lowest:.2f}", advice)]
+
+
 CHECKS: tuple[Callable[[View], list[Finding]], ...] = (
     check_flat_reward, check_zero_variance, check_length_drift, check_ratios, check_entropy,
-    check_truncation,
+    check_truncation, check_mismatch,
 )
 
 

@@ -3,9 +3,9 @@
 The batch ``RUN_DIR/rollouts/step_K.pt`` (saved with ``save_rollouts_every``) fixes the
 prompts, responses and rewards; each recipe then contributes only what its components do to
 the loss: advantages from the saved rewards, the overlong filter on the mask, the surrogate,
-aggregation, KL and entropy terms. For each recipe: the loss, the per-token weights
-``d loss / d logp[i,t]``, the gradient norm over the policy's parameters, and the cosine
-similarity between every pair of recipes' gradients.
+aggregation, KL and entropy terms, the sampler-trainer mismatch correction. For each recipe:
+the loss, the per-token weights ``d loss / d logp[i,t]``, the gradient norm over the policy's
+parameters, and the cosine similarity between every pair of recipes' gradients.
 
 Components that act before the loss (dynamic sampling, overlong shaping) are the run's: the
 groups were already chosen and the rewards already shaped when the batch was frozen.
@@ -124,6 +124,9 @@ def replay_recipe(lm, batch: TrainBatch, label: str, recipe: Recipe, own_logp: T
     advantages, _ = compute_advantages(recipe, frozen, recipe.kl_coef if kl_in_reward else 0.0,
                                        old_logp if old_logp is not None else own_logp)
     loss_cfg = recipe.policy_loss_config(config["max_new_tokens"])
+    if loss_cfg.corrects_mismatch and batch.sampler_logp is None:
+        raise ConfigError(f"{label}: the mismatch correction needs the sampler's log-probs, and "
+                          "this frozen batch was saved without them (before postrl kept them)")
     need_entropy_grad = loss_cfg.entropy_coef > 0 or (
         loss_cfg.ratio == "hybrid" and loss_cfg.hybrid_mixing == "entropy")
     counts = BatchCounts.of(mask)  # the GLOBAL counts: micro-batches sum to the full gradient
@@ -138,8 +141,11 @@ def replay_recipe(lm, batch: TrainBatch, label: str, recipe: Recipe, own_logp: T
         logp.retain_grad()
         old = old_logp[micro, :width] if old_logp is not None else logp.detach()
         ref = ref_logp[micro, :width] if recipe.needs_reference else None
+        sampler = (batch.sampler_logp[micro, :width] if batch.sampler_logp is not None
+                   else None)
         out = policy_loss(PolicyLossInputs(logp, old, advantages[micro, :width],
-                                           mask[micro, :width], ref, entropy), loss_cfg, counts)
+                                           mask[micro, :width], ref, entropy, sampler),
+                          loss_cfg, counts)
         out.loss.backward()
         weights[micro, :width] = logp.grad * mask[micro, :width]
         diagnostics = diagnostics.merge(out.diagnostics)

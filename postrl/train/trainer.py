@@ -91,6 +91,11 @@ class Trainer:
             slow = precision_warning(cfg.precision)
             if slow:
                 warnings.warn(slow, stacklevel=2)
+        if self.loss_cfg.corrects_mismatch and (cfg.top_k or cfg.top_p < 1):
+            warnings.warn("the mismatch correction weighs tokens by pi_old / pi_sampler of the "
+                          "untruncated distribution; with top_k or top_p the sampler drew from a "
+                          "truncated one, which these weights do not correct (docs/recipes.md)",
+                          stacklevel=2)
         seed_everything(cfg.seed)
         self._load_inputs()  # every input is checked before the run directory is touched
         self.lock = RunLock.acquire(cfg.run_dir())

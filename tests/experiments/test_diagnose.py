@@ -27,7 +27,8 @@ def healthy_rows(steps: int = STEPS) -> list[dict]:
             "length/incorrect_mean": 65.0 - (i % 2), "length/truncated_frac": 0.02,
             "entropy/mean": 2.0 - 0.02 * i, "clip/low_frac": 0.01, "clip/high_frac": 0.012,
             "ratio/max": 1.3, "ratio/seq_std": 0.01, "ratio/token_logratio_std": 0.05,
-            "kl/mean": 0.001 * i, "time/generate_s": 1.0, "time/score_s": 0.1,
+            "kl/mean": 0.001 * i, "mismatch/kl_k3": 2e-5, "mismatch/ess": 0.99,
+            "time/generate_s": 1.0, "time/score_s": 0.1,
             "time/reference_s": 0.2, "time/train_s": 0.5, "time/step_s": 1.8,
         })
     return rows
@@ -89,6 +90,11 @@ def _masked(i, row):
     row.update({"reward/mean": 0.4, "grad/norm": 0.0})
 
 
+def _mismatch(i, row):
+    row["mismatch/kl_k3"] = 4e-3 if i in (12, 13, 14) else 2e-5
+    row["mismatch/ess"] = 0.7 if i == 15 else 0.99
+
+
 @pytest.mark.parametrize(("change", "expected", "steps"), [
     (_zero_variance, {"zero_variance"}, (1, STEPS)),
     (_incorrect_grow, {"length_drift"}, (1, STEPS)),
@@ -100,6 +106,7 @@ def _masked(i, row):
     (_truncation, {"truncation"}, (1, STEPS)),
     (_dead, {"flat_reward", "zero_variance"}, (1, STEPS)),
     (_masked, {"flat_reward"}, (1, STEPS)),
+    (_mismatch, {"sampler_mismatch"}, (13, 16)),
 ])
 def test_each_planted_pathology_is_found(tmp_path, change, expected, steps):
     findings = diagnose(write_run(tmp_path / "run", planted(change)))
@@ -132,6 +139,16 @@ def test_advice_follows_the_recipe(tmp_path):
     assert "clip-higher" in entropy.advice
     [zero_var] = diagnose(write_run(tmp_path / "zv", planted(_zero_variance)))
     assert "dynamic sampling" in zero_var.advice and "too hard" in zero_var.advice
+
+
+def test_mismatch_advice_depends_on_the_correction(tmp_path):
+    [off] = diagnose(write_run(tmp_path / "off", planted(_mismatch)))
+    assert "mismatch_weight=token" in off.advice and off.value == pytest.approx(4e-3)
+    rows = planted(_mismatch)
+    for row in rows:
+        row["mismatch/truncated_frac"] = 0.02
+    [on] = diagnose(write_run(tmp_path / "on", rows, mismatch_weight="token"))
+    assert "the correction is on (token, truncate; 2.0% of tokens truncated" in on.advice
 
 
 def test_flat_reward_explains_why(tmp_path):

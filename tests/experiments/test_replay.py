@@ -92,3 +92,18 @@ def test_replay_command_prints_json(run_dir, capsys):
     assert data["saved_reference"]  # the grpo run computed its KL reference
     assert run_replay(parser.parse_args([str(run_dir), "--step", "1", "grpo", "gspo"])) == 0
     assert "cosine similarity of the parameter gradients" in capsys.readouterr().out
+
+
+def test_corrected_and_uncorrected_losses_side_by_side(run_dir):
+    """The replayed policy (after 2 steps) is not the one that sampled step 2's batch: each
+    token's weight in the corrected loss is the uncorrected one times min(pi_old/pi_sampler, C)."""
+    cap = 1.0001
+    result = replay(run_dir, 2, ["dr_grpo", f"dr_grpo:mismatch_weight=token,mismatch_cap={cap}"])
+    plain, corrected = result.recipes
+    assert plain.metrics["mismatch/kl_k3"] > 0  # logged even with the correction off
+    assert corrected.metrics["mismatch/weight_max"] <= cap
+    assert corrected.metrics["mismatch/truncated_frac"] > 0
+    scored = plain.weights != 0
+    factor = corrected.weights[scored] / plain.weights[scored]
+    assert factor.max() <= cap * (1 + 1e-5) and factor.min() < 1 - 1e-4
+    assert corrected.grad_norm != plain.grad_norm
