@@ -77,6 +77,17 @@ _RATIO = {
                   "psi_i = A_i * exp(mean_t clip(log r_t, -eps_low, eps_high))"),
     "cispo": ("clipped IS weight, REINFORCE gradient (CISPO)", "MiniMax-M1, 2025 eq. 4",
               "l = -sg(min(r, 1+eps_high)) * A * logp"),
+    "sapo": ("token ratio through a soft gate (SAPO)",
+             "SAPO, Gao et al. 2025 (arXiv 2511.20347) eqs. 5-6",
+             "psi = (4/tau) * sigmoid(tau*(r-1)) * A,  tau = tau_pos if A > 0 else tau_neg"),
+    "dppo_tv": ("token ratio, binary total-variation mask (DPPO-Binary-TV)",
+                "DPPO, Qi et al. 2026 (arXiv 2602.04879) eq. 13",
+                "psi = M * sg(min(r, 20)) * A * logp,  M = 0 if |p - p_old| > delta "
+                "in A's direction"),
+    "dppo_kl": ("token ratio, binary KL mask (DPPO-Binary-KL)",
+                "DPPO, Qi et al. 2026 (arXiv 2602.04879) eq. 14",
+                "psi = M * sg(min(r, 20)) * A * logp,  M = 0 if KL_bin(p_old, p) > delta "
+                "in A's direction"),
 }
 
 
@@ -88,6 +99,8 @@ def _ratio_describe(r: Recipe) -> str:
 def _clip_state(r: Recipe) -> tuple:
     if r.ratio == "cispo":
         return (r.clip_high,)
+    if r.ratio == "sapo":
+        return (r.sapo_tau_pos, r.sapo_tau_neg)
     if r.ratio == "hybrid":
         return (r.clip_low, r.clip_high, r.seq_clip_low, r.seq_clip_high)
     return (r.clip_low, r.clip_high)
@@ -96,6 +109,11 @@ def _clip_state(r: Recipe) -> tuple:
 def _clip_describe(r: Recipe) -> str:
     if r.ratio == "cispo":
         return f"IS weight capped at 1 + {r.clip_high}"
+    if r.ratio == "sapo":
+        return f"soft gate, tau_pos={r.sapo_tau_pos}, tau_neg={r.sapo_tau_neg} (no clip)"
+    if r.ratio.startswith("dppo_"):
+        kind = "total variation" if r.ratio == "dppo_tv" else "binary KL"
+        return f"{kind} within delta={r.clip_low} (A < 0) / {r.clip_high} (A > 0)"
     kind = "clip-higher" if r.clip_high > r.clip_low else "symmetric"
     text = f"eps_low={r.clip_low}, eps_high={r.clip_high} ({kind})"
     if r.ratio == "hybrid":
@@ -104,6 +122,10 @@ def _clip_describe(r: Recipe) -> str:
 
 
 def _clip_source(r: Recipe) -> str:
+    if r.ratio == "sapo":
+        return "SAPO, Gao et al. 2025: tau_pos=1.0, tau_neg=1.05"
+    if r.ratio.startswith("dppo_"):
+        return "DPPO, Qi et al. 2026 App. C: delta=0.15 (TV), 0.05 (KL)"
     if r.ratio in ("sequence", "sequence_token"):
         return "GSPO, Zheng et al. 2025 §5.1 (ranges 3e-4 / 4e-4)"
     if r.ratio == "hybrid":
@@ -111,6 +133,14 @@ def _clip_source(r: Recipe) -> str:
     if r.clip_high > r.clip_low:
         return "DAPO clip-higher, Yu et al. 2025 §3.1"
     return "PPO, Schulman et al. 2017 eq. 7"
+
+
+def _clip_formula(r: Recipe) -> str:
+    if r.ratio == "sapo":
+        return "a sigmoid gate of width 1/tau around r = 1 replaces the clip"
+    if r.ratio.startswith("dppo_"):
+        return "M = 0 where A > 0, p > p_old, D > delta_high or A < 0, p < p_old, D > delta_low"
+    return "psi = min(z*A, clip(z, 1-eps_low, 1+eps_high)*A)"
 
 
 _AGGREGATION = {
@@ -207,9 +237,9 @@ COMPONENTS: tuple[Component, ...] = (
     Component("ratio", ("ratio", "hybrid_mixing"),
               lambda r: (r.ratio, r.hybrid_mixing if r.ratio == "hybrid" else None),
               _ratio_describe, lambda r: _RATIO[r.ratio][1], lambda r: _RATIO[r.ratio][2]),
-    Component("clip", ("clip_low", "clip_high", "seq_clip_low", "seq_clip_high"),
-              _clip_state, _clip_describe, _clip_source,
-              lambda r: "psi = min(z*A, clip(z, 1-eps_low, 1+eps_high)*A)"),
+    Component("clip", ("clip_low", "clip_high", "seq_clip_low", "seq_clip_high", "sapo_tau_pos",
+                       "sapo_tau_neg"),
+              _clip_state, _clip_describe, _clip_source, _clip_formula),
     Component("dual-clip", ("dual_clip",), lambda r: (r.dual_clip,),
               lambda r: f"c={r.dual_clip}" if r.dual_clip else "off",
               lambda r: "Dual-clip PPO, Ye et al. 2019 eq. 5",
@@ -271,6 +301,10 @@ def summary_row(r: Recipe) -> tuple[str, ...]:
     ratio = f"hybrid ({r.hybrid_mixing})" if r.ratio == "hybrid" else r.ratio
     if r.ratio == "cispo":
         clip = f"weight <= 1 + {r.clip_high}"
+    elif r.ratio == "sapo":
+        clip = f"soft gate, tau {r.sapo_tau_pos:g} / {r.sapo_tau_neg:g}"
+    elif r.ratio.startswith("dppo_"):
+        clip = f"{r.ratio[5:].upper()} <= {r.clip_low:g} / {r.clip_high:g}"
     elif r.ratio == "hybrid":
         clip = f"tok {r.clip_low} / {r.clip_high}, seq {r.seq_clip_low:g} / {r.seq_clip_high:g}"
     else:

@@ -15,6 +15,7 @@ from typing import Any, get_args
 from postrl.errors import ConfigError
 from postrl.objectives import AGGREGATIONS, RATIO_UNITS, PolicyLossConfig
 from postrl.objectives.mismatch import WEIGHT_MODES, WEIGHT_UNITS
+from postrl.objectives.policy_loss import NOT_PPO_CLIPPED
 
 ADVANTAGES = ("group", "rloo", "gae", "reinforce_pp", "reinforce_pp_baseline")
 GROUP_ADVANTAGES = ("group", "rloo", "reinforce_pp_baseline")
@@ -59,6 +60,8 @@ class Recipe:
     seq_clip_low: float = 3e-4
     seq_clip_high: float = 4e-4
     dual_clip: float | None = None
+    sapo_tau_pos: float = 1.0  # SAPO's soft-gate temperatures, A > 0 and A < 0
+    sapo_tau_neg: float = 1.05
     # aggregation (§3)
     aggregation: str = "seq_mean_token_mean"
     norm_constant: float | None = None  # C; None = max_new_tokens
@@ -134,6 +137,8 @@ class Recipe:
             kl_coef=self.kl_coef if self.kl_placement == "loss" else 0.0,
             kl_estimator=self.kl_estimator,  # type: ignore[arg-type]
             entropy_coef=self.entropy_coef,
+            sapo_tau_pos=self.sapo_tau_pos,
+            sapo_tau_neg=self.sapo_tau_neg,
             mismatch_weight=self.mismatch_weight,
             mismatch_mode=self.mismatch_mode,
             mismatch_cap=self.mismatch_cap,
@@ -174,14 +179,17 @@ def validate(r: Recipe) -> None:
     bad = ", ".join(f"{k}={getattr(r, k)}" for k in clips if getattr(r, k) < 0)
     if bad:
         raise ConfigError(f"clip ranges must be >= 0: {bad}")
-    if r.ratio not in ("geometric", "cispo") and r.clip_low >= 1:
+    if r.ratio not in ("geometric", "cispo", "sapo", "dppo_tv", "dppo_kl") and r.clip_low >= 1:
         raise ConfigError(f"clip_low={r.clip_low} puts the lower ratio bound 1 - clip_low "
                           "at or below 0")
     if r.dual_clip is not None:
         if r.dual_clip <= 1:
             raise ConfigError(f"dual_clip c must be > 1 (Ye et al. 2019), got {r.dual_clip}")
-        if r.ratio in ("geometric", "cispo"):
+        if r.ratio in NOT_PPO_CLIPPED:
             raise ConfigError(f"dual_clip applies to PPO-clipped surrogates, not ratio={r.ratio!r}")
+    if r.sapo_tau_pos <= 0 or r.sapo_tau_neg <= 0:
+        raise ConfigError(f"SAPO's temperatures must be > 0, got sapo_tau_pos={r.sapo_tau_pos} "
+                          f"and sapo_tau_neg={r.sapo_tau_neg}")
     if r.hybrid_mixing != "averaged" and r.ratio != "hybrid":
         raise ConfigError(f"hybrid_mixing={r.hybrid_mixing!r} only applies to ratio='hybrid'")
     if r.advantage == "gae" and not r.critic:
@@ -238,6 +246,10 @@ PRESETS: dict[str, Recipe] = {
                                     kl_estimator="k2", kl_coef=0.01),
     "gmpo": Recipe("gmpo", ratio="geometric", clip_low=0.4, clip_high=0.4),
     "cispo": Recipe("cispo", ratio="cispo", clip_high=0.28, aggregation="token_mean"),
+    # the 2026 trust-region variants, with their authors' defaults (docs/recipes.md)
+    "sapo": Recipe("sapo", ratio="sapo"),
+    "dppo": Recipe("dppo", ratio="dppo_tv", clip_low=0.15, clip_high=0.15, adv_scale="none",
+                   aggregation="token_mean"),
 }
 CORE = ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "dhpo")
 

@@ -47,7 +47,7 @@ def test_explain_one_recipe_lists_all_its_components(capsys):
 def test_unknown_recipe_is_a_clear_error_without_traceback(capsys):
     code, out, err = run(capsys, "explain", "dapoo", "--vs", "grpo")
     assert code == 2 and out == ""
-    assert err.startswith("postrl: error: unknown recipe 'dapoo' (did you mean dapo or dhpo?)")
+    assert err.startswith("postrl: error: unknown recipe 'dapoo' (did you mean dapo or sapo?)")
     assert "Traceback" not in err
 
 

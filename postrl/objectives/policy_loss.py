@@ -17,7 +17,9 @@ from postrl.objectives.diagnostics import Diagnostics
 from postrl.objectives.kl import Estimator, kl_penalty
 from postrl.objectives.ratios import entropy_mixing_weight, sequence_log_ratio, token_log_ratio
 
-RATIO_UNITS = ("token", "sequence", "sequence_token", "hybrid", "geometric", "cispo")
+RATIO_UNITS = ("token", "sequence", "sequence_token", "hybrid", "geometric", "cispo", "sapo",
+               "dppo_tv", "dppo_kl")
+NOT_PPO_CLIPPED = ("geometric", "cispo", "sapo", "dppo_tv", "dppo_kl")  # no dual-clip term
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class PolicyLossConfig:
     kl_coef: float = 0.0  # beta of the KL term placed in the loss; 0 = no KL term
     kl_estimator: Estimator = "k3"
     entropy_coef: float = 0.0
+    sapo_tau_pos: float = 1.0  # SAPO's gate temperatures (ratio="sapo")
+    sapo_tau_neg: float = 1.05
     # the sampler-trainer mismatch correction (postrl.objectives.mismatch); "none": off
     mismatch_weight: str = "none"
     mismatch_mode: str = "truncate"
@@ -93,6 +97,10 @@ def surrogate(cfg: PolicyLossConfig, batch: PolicyLossInputs, adv: Tensor) -> su
         return surrogates.geometric(*args, cfg.clip_low, cfg.clip_high)
     if cfg.ratio == "cispo":
         return surrogates.cispo(*args, cfg.clip_high)
+    if cfg.ratio == "sapo":
+        return surrogates.sapo(*args, cfg.sapo_tau_pos, cfg.sapo_tau_neg)
+    if cfg.ratio in ("dppo_tv", "dppo_kl"):  # clip_low / clip_high are DPPO's deltas
+        return surrogates.dppo(*args, cfg.clip_low, cfg.clip_high, cfg.ratio.removeprefix("dppo_"))
     raise ValueError(f"unknown ratio unit {cfg.ratio!r}; expected one of {', '.join(RATIO_UNITS)}")
 
 

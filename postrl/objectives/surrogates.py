@@ -148,3 +148,58 @@ def cispo(logp, old_logp, adv, mask, eps_high) -> Surrogate:
         dual_clipped=torch.zeros_like(truncated),
         per_response=False,
     )
+
+
+SAPO_LOG_RATIO_BOUND = 20.0  # exp(+-20) keeps the gate's input finite (as verl's SAPO does)
+DPPO_WEIGHT_CAP = 20.0  # the detached IS weight is truncated here (verl's clip_ratio_c default)
+
+
+def sapo(logp, old_logp, adv, mask, tau_pos, tau_neg) -> Surrogate:
+    """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347, eqs.
+    5-6): a soft gate instead of a clip, ``psi = (4/tau) * sigmoid(tau * (r - 1)) * A`` with
+    ``tau = tau_pos`` for ``A > 0`` and ``tau_neg`` otherwise. Its gradient is
+    ``4 sigma (1 - sigma) * A * r * grad logp``: the policy gradient at ``r = 1``, fading
+    smoothly away from it (faster for negative advantages: ``tau_neg > tau_pos``). Nothing is
+    clipped, so the clip fractions are 0."""
+    log_r = token_log_ratio(logp, old_logp, mask).clamp(-SAPO_LOG_RATIO_BOUND,
+                                                        SAPO_LOG_RATIO_BOUND)
+    r = log_r.exp()
+    tau = torch.where(adv > 0, torch.full_like(r, tau_pos), torch.full_like(r, tau_neg))
+    psi = (4.0 / tau) * torch.sigmoid(tau * (r - 1.0)) * adv
+    none = torch.zeros_like(mask, dtype=torch.bool)
+    return Surrogate(psi=psi.masked_fill(~mask.bool(), 0.0), ratio=r.detach(), clipped_low=none,
+                     clipped_high=none, dual_clipped=none, per_response=False)
+
+
+def binary_divergence(logp: Tensor, old_logp: Tensor, kind: str) -> Tensor:
+    """DPPO's divergence between pi_old and pi on the partition {sampled token, the rest}
+    (Qi et al. 2026 eqs. 13-14): total variation ``|p - q|``, or the KL
+    ``q log(q/p) + (1-q) log((1-q)/(1-p))`` with ``q = pi_old``, ``p = pi`` of the token
+    (the ``1e-8`` keeps ``log`` finite at a probability of 1, as verl does)."""
+    p, q = logp.detach().exp(), old_logp.detach().exp()
+    if kind == "tv":
+        return (p - q).abs()
+    return q * (old_logp.detach() - logp.detach()) + (1 - q) * torch.log(
+        (1 - q + 1e-8) / (1 - p + 1e-8))
+
+
+def dppo(logp, old_logp, adv, mask, delta_low, delta_high, kind) -> Surrogate:
+    """DPPO (Qi et al. 2026, "Rethinking the Trust Region in LLM Reinforcement Learning",
+    arXiv 2602.04879, Binary-TV and Binary-KL; verl's ``dppo_tv`` / ``dppo_kl``): a token
+    whose probability moved, in the direction its advantage pushes, by a divergence beyond
+    ``delta`` (``delta_high`` for ``A > 0``, ``delta_low`` for ``A < 0``) gets no gradient;
+    every other token the importance-weighted policy gradient
+    ``sg(min(r, 20)) * A * grad logp``. ``psi`` has the value ``M * min(r, 20) * A``."""
+    valid = mask.bool()
+    r = token_ratio(logp, old_logp, mask)
+    divergence = binary_divergence(logp, old_logp, kind)
+    rose, fell = (logp > old_logp).detach(), (logp < old_logp).detach()
+    masked_high = valid & (adv > 0) & rose & (divergence > delta_high)
+    masked_low = valid & (adv < 0) & fell & (divergence > delta_low)
+    keep = ~(masked_high | masked_low)
+    weight = r.clamp(max=DPPO_WEIGHT_CAP).detach()
+    own = torch.exp(logp - logp.detach())  # 1, with the gradient of logp
+    psi = (weight * own * adv).masked_fill(~(keep & valid), 0.0)
+    return Surrogate(psi=psi, ratio=r.detach(), clipped_low=masked_low,
+                     clipped_high=masked_high, dual_clipped=torch.zeros_like(valid),
+                     per_response=False)

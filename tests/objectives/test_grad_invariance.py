@@ -24,6 +24,7 @@ from postrl.objectives import (
     PolicyLossInputs,
     policy_loss,
 )
+from postrl.objectives.policy_loss import NOT_PPO_CLIPPED
 
 F64 = torch.float64
 LENGTHS = [3, 1, 0, 7, 5, 2]  # a length-1 and a fully masked response
@@ -60,15 +61,17 @@ def make_batch(per_token_advantages: bool, seed: int = SEED) -> dict[str, Tensor
 
 
 def config(ratio: str, aggregation: str, extras: bool) -> PolicyLossConfig:
-    """Tiny clip ranges for the sequence units (so sequence clipping triggers), DAPO's otherwise;
-    ``extras`` turns on KL in the loss, the entropy bonus, dual-clip and entropy-guided mixing."""
+    """Tiny clip ranges for the sequence units (so sequence clipping triggers), small
+    divergence bounds for DPPO (so both its masks do), DAPO's otherwise; ``extras`` turns on KL
+    in the loss, the entropy bonus, dual-clip and entropy-guided mixing."""
     sequence = ratio in ("sequence", "sequence_token")
+    delta = {"dppo_tv": 0.01, "dppo_kl": 0.001}.get(ratio)
     return PolicyLossConfig(
         ratio=ratio,
-        clip_low=3e-4 if sequence else 0.2,
-        clip_high=4e-4 if sequence else 0.28,
+        clip_low=3e-4 if sequence else delta or 0.2,
+        clip_high=4e-4 if sequence else delta or 0.28,
         hybrid_mixing="entropy" if extras else "averaged",
-        dual_clip=1.5 if extras and ratio not in ("geometric", "cispo") else None,
+        dual_clip=1.5 if extras and ratio not in NOT_PPO_CLIPPED else None,
         aggregation=aggregation,
         norm_constant=float(T_MAX),
         kl_coef=0.1 if extras else 0.0,
@@ -168,7 +171,8 @@ def test_batch_exercises_clipping(ratio: str, adv_shape: str) -> None:
     )
     cfg = config(ratio, "token_mean", extras=True)
     metrics = policy_loss(inputs, cfg, BatchCounts.of(batch["mask"])).diagnostics.finish()
-    expected = ["clip/high_frac"] if ratio == "cispo" else ["clip/low_frac", "clip/high_frac"]
+    expected = (["clip/high_frac"] if ratio == "cispo" else [] if ratio == "sapo"  # no clip
+                else ["clip/low_frac", "clip/high_frac"])
     if ratio in ("token", "hybrid"):
         expected.append("clip/dual_frac")
     for key in expected:

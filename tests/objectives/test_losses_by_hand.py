@@ -216,3 +216,37 @@ def test_missing_inputs_are_named():
     with pytest.raises(ValueError, match="entropy"):
         policy_loss(batch, PolicyLossConfig(ratio="hybrid", hybrid_mixing="entropy"),
                     BatchCounts(1, 1))
+
+
+def test_sapo_gate_is_the_policy_gradient_at_ratio_one_and_fades_away_from_it():
+    """psi = (4/tau) sigmoid(tau (r - 1)) A: d psi / d logp = 4 s (1 - s) r A, which is A at
+    r = 1 for any tau; tau_neg > tau_pos makes negative advantages fade faster."""
+    logp = leaf([0.0, math.log(2.0), 0.0, math.log(2.0)])
+    old, mask, adv = t([0.0, 0.0, 0.0, 0.0]), t([1, 1, 1, 1]), t([1.0, 1.0, -1.0, -1.0])
+    out = surrogates.sapo(logp, old, adv, mask, 1.0, 1.05)
+    out.psi.sum().backward()
+    s_pos, s_neg = torch.sigmoid(t(1.0)), torch.sigmoid(t(1.05))
+    torch.testing.assert_close(out.psi, t([2.0, 4 * s_pos.item(), -2 / 1.05,
+                                           -4 / 1.05 * s_neg.item()]))
+    grad_pos = 4 * s_pos * (1 - s_pos) * 2.0
+    grad_neg = -4 * s_neg * (1 - s_neg) * 2.0
+    torch.testing.assert_close(logp.grad, t([1.0, grad_pos.item(), -1.0, grad_neg.item()]))
+    assert abs(grad_neg.item()) < grad_pos.item() < 2.0  # a plain PG would weigh r = 2 fully
+    assert not out.clipped_low.any() and not out.clipped_high.any()
+
+
+def test_dppo_masks_only_moves_beyond_delta_in_the_advantages_direction():
+    """Binary TV with delta 0.1: p_old = 0.5 for every token; p = 0.7 (rose by 0.2), 0.55,
+    0.3 (fell by 0.2), 0.3 again with A > 0 (falling is not the direction A pushes)."""
+    logp = leaf([math.log(0.7), math.log(0.55), math.log(0.3), math.log(0.3)])
+    old = t([math.log(0.5)] * 4)
+    mask, adv = t([1, 1, 1, 1]), t([1.0, 1.0, -1.0, 1.0])
+    out = surrogates.dppo(logp, old, adv, mask, 0.1, 0.1, "tv")
+    assert out.clipped_high.tolist() == [[True, False, False, False]]
+    assert out.clipped_low.tolist() == [[False, False, True, False]]
+    out.psi.sum().backward()
+    torch.testing.assert_close(out.psi, t([0.0, 1.1, 0.0, 0.6]))
+    torch.testing.assert_close(logp.grad, t([0.0, 1.1, 0.0, 0.6]))  # sg(r) * A * grad logp
+    kl = surrogates.binary_divergence(logp, old, "kl")
+    expected = 0.5 * math.log(0.5 / 0.7) + 0.5 * math.log(0.5 / 0.3)
+    assert kl[0, 0].item() == pytest.approx(expected, rel=1e-6)

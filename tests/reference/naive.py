@@ -219,6 +219,8 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
 
 
 @dataclass
@@ -340,6 +342,34 @@ def response_terms(
             out.ratio[t] = r
             out.low[t] = False
             out.high[t] = r > 1.0 + cfg.clip_high  # the weight was truncated, whatever A
+            out.dual[t] = False
+        return out
+
+    if cfg.ratio == "sapo":
+        # SAPO (Gao et al. 2025): psi = (4/tau) sigmoid(tau (r - 1)) A, tau by the sign of A.
+        for t in positions:
+            tau = cfg.sapo_tau_pos if adv(t) > 0 else cfg.sapo_tau_neg
+            out.psi[t] = (4.0 / tau) * torch.sigmoid(tau * (ratio[t] - 1.0)) * adv(t)
+            out.ratio[t] = ratio[t].item()
+            out.low[t] = out.high[t] = out.dual[t] = False
+        return out
+
+    if cfg.ratio in ("dppo_tv", "dppo_kl"):
+        # DPPO (Qi et al. 2026): no gradient for a token whose probability moved beyond delta in
+        # the direction its advantage pushes; else the gradient sg(min(r, 20)) A grad logp.
+        for t in positions:
+            p, q = math.exp(logp[i, t].item()), math.exp(old_logp[i, t].item())
+            if cfg.ratio == "dppo_tv":
+                divergence = abs(p - q)
+            else:
+                divergence = (q * math.log(q / p)
+                              + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8)))
+            a, r = adv(t), ratio[t].item()
+            out.high[t] = a > 0 and p > q and divergence > cfg.clip_high
+            out.low[t] = a < 0 and p < q and divergence > cfg.clip_low
+            keep = 0.0 if (out.high[t] or out.low[t]) else 1.0
+            out.psi[t] = keep * min(r, 20.0) * a * torch.exp(logp[i, t] - logp[i, t].item())
+            out.ratio[t] = r
             out.dual[t] = False
         return out
 

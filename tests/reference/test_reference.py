@@ -26,6 +26,7 @@ from postrl.objectives import (
     policy_loss,
     surrogates,
 )
+from postrl.objectives.policy_loss import NOT_PPO_CLIPPED
 
 from . import naive
 
@@ -106,7 +107,8 @@ def loss_cases(draw: st.DrawFn, ratio: str) -> LossCase:
     valid = mask.bool()
     spread = draw(st.sampled_from([0.3, 1.0, 0.05, 1e-4, 0.0]))  # size of logp - old
     logp = torch.where(valid, -3.0 * rand(), -5.0 * rand())
-    old_logp = torch.where(valid, logp + spread * randn(), -5.0 * rand())
+    # log-probs, so never above 0 (DPPO's binary KL needs probabilities <= 1)
+    old_logp = torch.where(valid, (logp + spread * randn()).clamp(max=0.0), -5.0 * rand())
     ref_spread = draw(st.sampled_from([0.1, 1.0, 3.0]))  # 3.0 reaches the k3 clamp
     ref_logp = torch.where(valid, logp + ref_spread * randn(), -5.0 * rand())
     entropy = 2.0 * rand()
@@ -127,7 +129,7 @@ def loss_cases(draw: st.DrawFn, ratio: str) -> LossCase:
         seq_clip_low=seq_low,
         seq_clip_high=seq_high,
         hybrid_mixing=draw(st.sampled_from(["averaged", "entropy"])),
-        dual_clip=(None if ratio in ("geometric", "cispo")  # PPO-clipped units only
+        dual_clip=(None if ratio in NOT_PPO_CLIPPED  # PPO-clipped units only
                    else draw(st.sampled_from([None, 1.5, 3.0]))),
         aggregation=draw(st.sampled_from(AGGREGATIONS)),
         norm_constant=float(draw(st.integers(1, 16))),
