@@ -8,6 +8,7 @@ Errors a user can fix (``PostRLError``) are printed without a traceback.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from rich.console import Console
@@ -67,6 +68,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
 TRAIN_FLAGS = ("recipe", "model", "task", "steps", "out", "seed")
 
 
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from postrl.config import load_config
     from postrl.train.trainer import Trainer
@@ -75,14 +80,19 @@ def cmd_train(args: argparse.Namespace) -> int:
                  if getattr(args, key) is not None] + list(args.overrides)
     cfg = load_config(args.config, overrides)
     trainer = None
+    # a scheduler's SIGTERM (preemption, a time limit) stops the run like Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         trainer = Trainer(cfg)
         metrics = trainer.train()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         from postrl.train.resume import interrupted_note
 
-        print(f"postrl: interrupted; {interrupted_note(trainer)}", file=sys.stderr)
-        return INTERRUPTED
+        name = stop.args[0] if stop.args else "SIGINT"
+        print(f"postrl: interrupted ({name}); {interrupted_note(trainer)}", file=sys.stderr)
+        return 128 + signal.Signals[name]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     final = cfg.run_dir() / "final"
     print(f"saved {final}  (reward/mean {metrics.get('reward/mean', float('nan')):.3f}, "
           f"{int(metrics.get('rollout/tokens_generated', 0))} tokens generated)")

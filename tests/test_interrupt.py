@@ -1,11 +1,13 @@
-"""Ctrl-C during training: a one-line message saying what was saved and how to continue,
-exit status 130, no traceback; and resume=auto does continue."""
+"""Ctrl-C (SIGINT) and a scheduler's SIGTERM during training: a one-line message saying
+what was saved and how to continue, exit status 128 + the signal, no traceback; and
+resume=auto does continue."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +29,10 @@ def test_ctrl_c_says_what_was_saved_and_resume_continues(tmp_path):
     child = subprocess.Popen(
         [sys.executable, "-m", "postrl.cli", "train", *TINY, "--steps", "10000", "save_every=1",
          "--out", str(run)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        # a shell's background jobs ignore SIGINT, and Python then never raises
+        # KeyboardInterrupt: give the child the default disposition, as a terminal would
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while len(logged_steps(run)) < 2:
         assert child.poll() is None and time.monotonic() < deadline
@@ -37,7 +42,7 @@ def test_ctrl_c_says_what_was_saved_and_resume_continues(tmp_path):
     assert child.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     line = err.strip().splitlines()[-1]
-    assert line.startswith("postrl: interrupted; "), err
+    assert line.startswith("postrl: interrupted (SIGINT); "), err
     assert f"steps are logged in {run / 'metrics.jsonl'}" in line
     assert "the newest checkpoint is step_" in line and "resume=auto" in line
     assert not (run / ".postrl-replaced").exists()
@@ -46,3 +51,25 @@ def test_ctrl_c_says_what_was_saved_and_resume_continues(tmp_path):
     assert main(["train", *TINY, "--steps", str(done + 1), "--out", str(run),
                  "save_every=1", "resume=auto"]) == 0
     assert logged_steps(run) == list(range(1, done + 2))
+
+
+def test_sigterm_stops_like_ctrl_c(tmp_path, capsys):
+    """In this process: a thread sends SIGTERM once two steps are logged."""
+    run = tmp_path / "run"
+
+    def terminate_after_two_steps():
+        deadline = time.monotonic() + 300
+        while len(logged_steps(run)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    killer = threading.Thread(target=terminate_after_two_steps, daemon=True)
+    killer.start()
+    code = main(["train", *TINY, "--steps", "10000", "--out", str(run)])
+    killer.join()
+    err = capsys.readouterr().err
+    assert code == 128 + signal.SIGTERM, err
+    assert "postrl: interrupted (SIGTERM); " in err and "Traceback" not in err
+    assert "no checkpoint was saved (save_every=0 saves none)" in err
+    assert signal.getsignal(signal.SIGTERM) is before  # the CLI put the handler back
