@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import warnings
 from pathlib import Path
@@ -10,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from postrl.config import TrainConfig
 from postrl.errors import ConfigError
+from postrl.recipes import Recipe
 from postrl.train.checkpoint import is_valid, latest_valid, load_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
-    from postrl.config import TrainConfig
     from postrl.train.trainer import Trainer
 
 # options that may change between a run and its resumption without changing its results
@@ -62,13 +64,35 @@ def restore(trainer: Trainer, state: dict[str, Any]) -> None:
 
 
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:
-    """A resumed run must be the same run: refuse changed options that change results."""
-    changed = sorted(k for k in set(saved) | set(current)
-                     if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k))
+    """A resumed run must be the same run: refuse changed options that change results. An
+    option the checkpoint does not know (added to postrl since) is the same when it has its
+    default, which is what the saved run ran with."""
+    changed = _changes(saved, current, _defaults(TrainConfig), "")
+    changed += _changes(saved.get("resolved_recipe") or {}, current.get("resolved_recipe") or {},
+                        _defaults(Recipe), "resolved_recipe.")
     if changed:
-        details = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
+        details = "; ".join(changed)
         raise ConfigError(f"cannot resume from {where}: the run's options changed ({details}); "
                           "resume with the original options, or start a new run")
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    fields = dataclasses.fields(cls)
+    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in fields if f.default is not dataclasses.MISSING
+            or f.default_factory is not dataclasses.MISSING}
+
+
+def _changes(saved: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any],
+             prefix: str) -> list[str]:
+    changes = []
+    for key in sorted(set(saved) | set(current)):
+        if key in RESUMABLE_CHANGES or key == "resolved_recipe":
+            continue
+        before = saved.get(key, defaults.get(key))
+        if before != current.get(key):
+            changes.append(f"{prefix}{key}: {saved.get(key)!r} -> {current.get(key)!r}")
+    return changes
 
 
 def checkpoint_to_resume(cfg: TrainConfig) -> Path | None:

@@ -127,3 +127,18 @@ def test_resume_auto_without_a_checkpoint_keeps_the_attempt_before_and_warns(tmp
     assert (kept / "metrics.jsonl").read_text() == before
     assert {p.name for p in kept.iterdir()} == {"metrics.jsonl", "samples.jsonl", "config.yaml"}
     assert [r["step"] for r in metrics_without_clock(tmp_path / "run")] == [1, 2]
+
+
+def test_a_checkpoint_from_before_an_option_existed_resumes_with_its_default():
+    from postrl.train.resume import check_same_run
+
+    current = load_config(None, ["model=tiny"]).resolved()
+    older = {k: v for k, v in current.items() if k != "sampler_precision"}
+    older["resolved_recipe"] = {k: v for k, v in current["resolved_recipe"].items()
+                                if not k.startswith(("mismatch_", "sapo_"))}
+    check_same_run(older, current, "step_000003")  # the defaults are what the old run ran
+    changed = load_config(None, ["model=tiny", "sampler_precision=bf16",
+                                 "recipe_options.mismatch_weight=token"]).resolved()
+    with pytest.raises(ConfigError, match=r"sampler_precision: None -> 'bf16'.*"
+                                          r"resolved_recipe.mismatch_weight: None -> 'token'"):
+        check_same_run(older, changed, "step_000003")
