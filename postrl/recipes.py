@@ -123,29 +123,15 @@ class Recipe:
                               f" got {self.overlong_buffer}")
 
     def policy_loss_config(self, max_new_tokens: int) -> PolicyLossConfig:
-        """The loss-side components, with ``C`` resolved to max_new_tokens when unset."""
-        return PolicyLossConfig(
-            ratio=self.ratio,
-            clip_low=self.clip_low,
-            clip_high=self.clip_high,
-            seq_clip_low=self.seq_clip_low,
-            seq_clip_high=self.seq_clip_high,
-            hybrid_mixing=self.hybrid_mixing,
-            dual_clip=self.dual_clip,
-            aggregation=self.aggregation,  # type: ignore[arg-type]
-            norm_constant=self.norm_constant or float(max_new_tokens),
-            kl_coef=self.kl_coef if self.kl_placement == "loss" else 0.0,
-            kl_estimator=self.kl_estimator,  # type: ignore[arg-type]
-            entropy_coef=self.entropy_coef,
-            sapo_tau_pos=self.sapo_tau_pos,
-            sapo_tau_neg=self.sapo_tau_neg,
-            mismatch_weight=self.mismatch_weight,
-            mismatch_mode=self.mismatch_mode,
-            mismatch_cap=self.mismatch_cap,
-            mismatch_low=self.mismatch_low,
-            mismatch_high=self.mismatch_high,
-            mismatch_reject=self.mismatch_reject,
-        )
+        """The loss-side components (every field of PolicyLossConfig is one of the recipe's),
+        with ``C`` resolved to max_new_tokens when unset and the KL coefficient only when the
+        KL is in the loss."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(PolicyLossConfig)}
+        return PolicyLossConfig(**{
+            **shared,
+            "norm_constant": self.norm_constant or float(max_new_tokens),
+            "kl_coef": self.kl_coef if self.kl_placement == "loss" else 0.0,
+        })
 
 
 def _check_type(key: str, value: Any) -> None:
