@@ -26,6 +26,12 @@ from tests.models.test_recorded import count_reads
 from tests.train.test_trainer import tiny_config
 
 
+def without_mismatch(metrics: dict[str, float]) -> dict[str, float]:
+    """The metrics but mismatch/*: means over the rows the update scored, so a path that
+    skips rows measures them on fewer (postrl/objectives/policy_loss.py)."""
+    return {k: v for k, v in metrics.items() if not k.startswith("mismatch/")}
+
+
 def test_prompt_grouped_keeps_a_prompts_rows_together_longest_group_first():
     prompts = [[1, 2], [3], [1, 2], [3], [4, 4, 4], [1, 2]]
     lengths = torch.tensor([5, 9, 2, 1, 3, 7])
@@ -166,7 +172,7 @@ def test_with_one_update_per_batch_rows_without_a_gradient_run_not_at_all(tmp_pa
         assert full["grad/norm"] > 1e-3 if len(step) == batch.rows else full["grad/norm"] == 0
         assert fast.keys() == full.keys()
         assert fast["ratio/min"] == fast["ratio/max"] == 1.0
-        for key, value in full.items():
+        for key, value in without_mismatch(full).items():
             assert fast[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
         for name, value in full_state.items():
             torch.testing.assert_close(state[name], value, atol=1e-6, rtol=1e-5)
@@ -210,7 +216,7 @@ def test_on_two_replicas_rows_without_a_gradient_run_not_at_all(tmp_path):
     want = full[0].diagnostics.finish()
     have = merge_replicas([first, second])[0].diagnostics.finish()
     assert have.keys() == want.keys()
-    for key, value in want.items():
+    for key, value in without_mismatch(want).items():
         assert have[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
@@ -309,7 +315,9 @@ def test_a_bf16_master_update_reads_the_working_copys_record(tmp_path, monkeypat
     full, fast = outcomes
     assert fast.keys() == full.keys()
     assert full["grad/norm"] > 1e-3
-    for key, value in full.items():  # measured: the gradient norms 1e-4 apart, the rest equal
+    # measured: the gradient norms 1e-4 apart, the rest equal; mismatch/* differ by design
+    # (read from the record, the trainer's log-probs are the sampler's own)
+    for key, value in without_mismatch(full).items():
         assert fast[key] == pytest.approx(value, rel=5e-3, abs=1e-6), key
 
 
