@@ -8,8 +8,9 @@ through vLLM's prefix caching. After each training step ``load_weights`` copies 
 weights into the engine (``LLM.collective_rpc`` into its workers) and drops cached prefixes.
 
 The recorded log-probs are vLLM's ``processed_logprobs``: after temperature, and after
-top-k/top-p when those are on (the ``hf`` backend records them before truncation). The trainer
-recomputes every log-prob it trains on, so this only shows in the rollouts themselves.
+top-k/top-p when those are on (the ``hf`` backend records them before truncation): the
+distribution vLLM actually drew from, which the mismatch correction weighs against
+(``postrl.objectives.mismatch``; docs/recipes.md).
 vLLM is imported when an engine is built, never at import time.
 """
 
