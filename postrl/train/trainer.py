@@ -91,7 +91,8 @@ class Trainer:
             slow = precision_warning(cfg.precision)
             if slow:
                 warnings.warn(slow, stacklevel=2)
-        if self.loss_cfg.corrects_mismatch and (cfg.top_k or cfg.top_p < 1):
+        truncated = cfg.top_k or cfg.top_p < 1  # the hf sampler records untruncated log-probs
+        if self.loss_cfg.corrects_mismatch and truncated and cfg.rollout_backend == "hf":
             warnings.warn("the mismatch correction weighs tokens by pi_old / pi_sampler of the "
                           "untruncated distribution; with top_k or top_p the sampler drew from a "
                           "truncated one, which these weights do not correct (docs/recipes.md)",
