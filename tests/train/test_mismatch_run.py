@@ -46,3 +46,10 @@ def test_unsupported_sampler_precisions_are_refused(options):
 
     with pytest.raises(ConfigError, match="sampler_precision"):
         load_config(None, options)
+
+
+def test_a_correction_with_truncated_sampling_warns(tmp_path):
+    cfg = load_config(None, ["model=tiny", "top_k=5", "recipe_options.mismatch_weight=token",
+                             f"out={tmp_path / 'r'}", "quiet=true"])
+    with pytest.warns(UserWarning, match="truncated one, which these weights do not correct"):
+        Trainer(cfg).close()
