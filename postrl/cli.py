@@ -88,7 +88,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as stop:
         from postrl.train.resume import interrupted_note
 
-        name = stop.args[0] if stop.args else "SIGINT"
+        signalled = stop.args and stop.args[0] in signal.Signals.__members__
+        name = stop.args[0] if signalled else "SIGINT"  # Ctrl-C, or KeyboardInterrupt raised
         print(f"postrl: interrupted ({name}); {interrupted_note(trainer)}", file=sys.stderr)
         return 128 + signal.Signals[name]
     finally:

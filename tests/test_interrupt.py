@@ -73,3 +73,17 @@ def test_sigterm_stops_like_ctrl_c(tmp_path, capsys):
     assert "postrl: interrupted (SIGTERM); " in err and "Traceback" not in err
     assert "no checkpoint was saved (save_every=0 saves none)" in err
     assert signal.getsignal(signal.SIGTERM) is before  # the CLI put the handler back
+
+
+def test_a_keyboard_interrupt_raised_by_other_code_counts_as_ctrl_c(tmp_path, capsys,
+                                                                     monkeypatch):
+    from postrl.train.trainer import Trainer
+
+    def interrupted(self):
+        raise KeyboardInterrupt("raised by a library, with its own message")
+
+    monkeypatch.setattr(Trainer, "train", interrupted)
+    code = main(["train", *TINY, "--steps", "1", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 130 and err.startswith("postrl: interrupted (SIGINT); "), err
+    assert "Traceback" not in err
