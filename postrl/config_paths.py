@@ -58,5 +58,10 @@ def _reward(base: Path, entry: Any) -> Any:
     if not isinstance(entry, str):
         return entry
     location, colon, function = entry.rpartition(":")
-    is_file = location.endswith(".py") or "/" in location or "\\" in location
-    return f"{_join(base, location)}:{function}" if colon and is_file else entry
+    return f"{_join(base, location)}:{function}" if colon and is_file_spec(location) else entry
+
+
+def is_file_spec(location: str) -> bool:
+    """Whether the part before ``:fn`` of a reward spec names a file, not a module (the one
+    rule ``postrl.rewards.registry`` loads by)."""
+    return location.endswith(".py") or "/" in location or "\\" in location

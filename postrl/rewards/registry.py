@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from postrl.config_paths import is_file_spec
 from postrl.errors import ConfigError
 from postrl.rewards.base import RewardFunction
 from postrl.rewards.countdown import countdown_reward
@@ -24,10 +25,6 @@ BUILTIN_REWARDS: dict[str, RewardFunction] = {
 def reward_name(spec: str) -> str:
     """The short name a reward is logged under: the built-in name or the function's name."""
     return spec if spec in BUILTIN_REWARDS else spec.rsplit(":", 1)[-1]
-
-
-def _is_file_spec(location: str) -> bool:
-    return location.endswith(".py") or "/" in location or "\\" in location
 
 
 def _load_file(location: str, spec: str) -> ModuleType:
@@ -71,7 +68,7 @@ def load_reward(spec: str) -> RewardFunction:
             f"unknown reward {spec!r}: expected one of {sorted(BUILTIN_REWARDS)}, "
             "'module.path:function' or 'path/to/file.py:function'"
         )
-    if _is_file_spec(location):
+    if is_file_spec(location):
         module = _load_file(location, spec)
     else:
         module = _load_module(location, spec)

@@ -66,7 +66,7 @@ class RunDir:
             raise ConfigError("overwrite and resume exclude each other: set at most one")
         run = cls(path)
         check_out_path(run.path)
-        _make_directory(run.path)
+        make_run_directory(run.path)
         run.restore_replaced()  # an overwrite killed before its first step: put the run back
         run.check_can_start(overwrite, resume)
         if overwrite:
@@ -220,7 +220,8 @@ def check_out_path(path: Path) -> None:
             return
 
 
-def _make_directory(path: Path) -> None:
+def make_run_directory(path: Path) -> None:
+    """``mkdir -p``; ConfigError naming ``out`` when the system refuses."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:

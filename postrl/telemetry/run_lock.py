@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from postrl.errors import ConfigError
+from postrl.telemetry.run_dir import make_run_directory
 
 try:
     import fcntl
@@ -33,12 +34,12 @@ class RunLock:
     @classmethod
     def acquire(cls, directory: Path) -> RunLock:
         """Lock ``directory``, or raise ConfigError naming the process that holds it."""
+        make_run_directory(directory)
         try:
-            directory.mkdir(parents=True, exist_ok=True)
             handle = open(directory / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115
         except OSError as err:
-            raise ConfigError(f"out={str(directory)!r}: cannot create the run directory or its "
-                              f"lock: {err.strerror or err}") from err
+            raise ConfigError(f"out={str(directory)!r}: cannot create its lock file "
+                              f"{LOCK_FILE}: {err.strerror or err}") from err
         if fcntl is not None:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
