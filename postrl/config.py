@@ -71,6 +71,9 @@ class TrainConfig:
     torch_compile: bool = False  # compile the training forward's decoder layers (Llama-style
     #   models; one graph for all layers, 25 s to 4 minutes once for SmolLM2 on 2 cores);
     #   layers reading the sampler's record (below) run eagerly, which is faster
+    device: str = "auto"  # where this process's models, sampler and update run: "auto" (the
+    #   first CUDA GPU when torch sees one, else the CPU), "cpu", "cuda" or "cuda:N"; with
+    #   launcher=ray, the driver's own forwards (old and reference log-probs, evaluation)
     reuse_sampler_forward: bool = True  # the update reads the linear outputs the sampler
     #   computed instead of recomputing them (fp32 or bf16-master, one update per batch, one
     #   process; the same step to float32 or bf16 rounding: postrl/models/recorded.py)
@@ -102,6 +105,12 @@ class TrainConfig:
     train_parallel: str = "ddp"  # "ddp" (full replicas) or "fsdp2" (sharded over the workers)
     weight_sync: str = "auto"  # "object_store", "broadcast" (from train rank 0) or "auto":
     #   broadcast when rank 0 and every rollout worker have a GPU of their own
+    # vLLM (rollout_backend=vllm)
+    vllm_gpu_memory_utilization: float = 0.5  # share of the GPU's memory vLLM may take
+    #   (weights and KV cache); the rest is the trainer's when both share the GPU
+    vllm_max_model_len: int | None = None  # the longest sequence (prompt + response) vLLM
+    #   plans its KV cache for; null = the model's context
+    vllm_enforce_eager: bool = False  # no CUDA graphs: slower decoding, faster start, less memory
     # the run
     seed: int = 0
     out: str | None = None  # default runs/<recipe>-<task>-s<seed>

@@ -8,6 +8,7 @@ import importlib.util
 import math
 from typing import TYPE_CHECKING, Any
 
+from postrl.devices import device_problem
 from postrl.errors import ConfigError
 from postrl.models.precision import PRECISIONS
 from postrl.recipes import get_recipe
@@ -177,4 +178,13 @@ def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
     except ConfigError as err:
         fail("recipe_options", str(err))
     recipe.check_schedule(cfg.group_size, cfg.max_new_tokens)  # its errors name the options
+    problem = device_problem(cfg.device)
+    if problem:
+        fail("device", problem)
+    if not 0 < cfg.vllm_gpu_memory_utilization <= 1:
+        fail("vllm_gpu_memory_utilization", "vllm_gpu_memory_utilization must be in (0, 1], "
+             f"got {cfg.vllm_gpu_memory_utilization}")
+    if cfg.vllm_max_model_len is not None and cfg.vllm_max_model_len < cfg.max_new_tokens + 1:
+        fail("vllm_max_model_len", f"vllm_max_model_len={cfg.vllm_max_model_len} leaves no "
+             f"room for a prompt and max_new_tokens={cfg.max_new_tokens}; raise it or set null")
     validate_scaling(cfg, fail)
