@@ -64,7 +64,7 @@ def build_engine(cfg: TrainConfig, policy_state: dict) -> tuple[object, Callable
     if cfg.rollout_backend == "vllm":
         from postrl.rollout.vllm import VLLMRolloutEngine
 
-        engine = VLLMRolloutEngine.from_policy(lm, tokenizer, cfg.sampling_precision)
+        engine = VLLMRolloutEngine.from_config(lm, tokenizer, cfg)
         return engine, engine.load_weights
     lm.to(worker_device(cfg))  # on a GPU, HFRolloutEngine samples with transformers' forward
     engine = HFRolloutEngine(lm, tokenizer, batch_size=None, precision=cfg.sampling_precision,

@@ -163,8 +163,7 @@ class Trainer:
         elif cfg.rollout_backend == "vllm":  # holds its own copy of the (resumed) weights
             from postrl.rollout.vllm import VLLMRolloutEngine
 
-            self.engine = VLLMRolloutEngine.from_policy(self.lm, self.tokenizer,
-                                                           cfg.sampling_precision)
+            self.engine = VLLMRolloutEngine.from_config(self.lm, self.tokenizer, cfg)
 
     def close(self, failed: bool = False) -> None:
         """Stop the workers and unlock the run directory. ``failed`` before the first step

@@ -1,5 +1,6 @@
 """The vllm rollout backend. On a machine without an NVIDIA GPU and vLLM only the lazy import
-and its error are checked; the engine tests skip, saying why."""
+and its error are checked; the engine tests skip, saying why (tests/rollout/test_vllm_contract.py
+checks the engine's side of its contract with vLLM against a fake ``vllm`` anywhere)."""
 
 import importlib.util
 
@@ -11,11 +12,12 @@ from postrl.distributed.weights import trainable_state
 from postrl.errors import ConfigError
 from postrl.models import load_policy
 from postrl.rollout import SamplingParams
-from postrl.rollout.vllm import VLLMRolloutEngine, sample_seed
+from postrl.rollout.vllm import VLLMOptions, VLLMRolloutEngine, sample_seed
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_gpu = pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()),
                                reason="the vllm backend needs vLLM and an NVIDIA GPU")
+SMALL = VLLMOptions(gpu_memory_utilization=0.2)  # two engines of the tiny model share the GPU
 
 
 def test_sample_seeds_depend_on_the_prompt_index_only():
@@ -34,7 +36,7 @@ def test_without_vllm_the_engine_says_how_to_install_it(tiny):
 @pytest.fixture(scope="module")
 def engine():
     model, tokenizer = load_policy("tiny", seed=0)
-    return VLLMRolloutEngine.from_policy(model, tokenizer)
+    return VLLMRolloutEngine.from_policy(model, tokenizer, options=SMALL)
 
 
 @needs_gpu
@@ -54,7 +56,7 @@ def test_rollouts_follow_the_protocol_and_do_not_depend_on_the_split(engine):
 @needs_gpu
 def test_load_weights_makes_the_engine_sample_the_new_policy(engine):
     other, tokenizer = load_policy("tiny", seed=1)
-    fresh = VLLMRolloutEngine.from_policy(other, tokenizer)
+    fresh = VLLMRolloutEngine.from_policy(other, tokenizer, options=SMALL)
     prompts = [tokenizer("1 + 1 =").input_ids]
     params = SamplingParams(temperature=1.0, max_new_tokens=10)
     before = engine.generate(prompts, 4, params, seed=9)
