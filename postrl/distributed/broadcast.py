@@ -5,9 +5,11 @@ The members (train rank 0 as rank 0, rollout actor ``r`` as rank ``r + 1``) form
 group of their own, apart from the trainers' default group (the rollout actors have none): a
 ``torch.distributed.TCPStore`` hosted by train rank 0 and a ``ProcessGroupNCCL`` (every member
 on a GPU of its own) or ``ProcessGroupGloo`` (otherwise, through CPU buffers) built on it
-directly. The weights of each dtype travel packed in one flat buffer: one broadcast per dtype,
-not one per tensor. The receivers unpack views of the buffer under rank 0's names and shapes
-(its :func:`layout`, sent once when the group opens) and load them like the object store's.
+directly. The weights travel in buckets of bounded size (``weights.buckets``, the same on
+every member, sent once when the group opens), and within a bucket each dtype packed in one
+flat buffer: one broadcast per dtype and bucket, not one per tensor. The receivers unpack
+views of the buffer under rank 0's names and shapes and load each bucket like the object
+store's weights, so no member holds more than one bucket in flight.
 
 NCCL refuses two ranks of one group on the same GPU (fractional ``worker_gpus``), so ``auto``
 broadcasts only when every member has a GPU of its own (:func:`choose_backend`).
@@ -22,16 +24,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from postrl.distributed.weights import Layout
 from postrl.errors import ConfigError
-
-Layout = list[tuple[str, tuple[int, ...], torch.dtype]]  # name, shape, dtype of each tensor
 
 
 def layout(weights: dict[str, Tensor]) -> Layout:
     return [(name, tuple(value.shape), value.dtype) for name, value in weights.items()]
 
 
-def pack(weights: dict[str, Tensor], device: str) -> dict[torch.dtype, Tensor]:
+def pack(weights: dict[str, Tensor], device: torch.device | str) -> dict[torch.dtype, Tensor]:
     """One flat buffer per dtype on ``device``: the tensors' elements in order."""
     groups: dict[torch.dtype, list[Tensor]] = {}
     for value in weights.values():
@@ -39,7 +40,7 @@ def pack(weights: dict[str, Tensor], device: str) -> dict[torch.dtype, Tensor]:
     return {dtype: torch.cat(parts) for dtype, parts in groups.items()}
 
 
-def empty_buffers(slots: Layout, device: str) -> dict[torch.dtype, Tensor]:
+def empty_buffers(slots: Layout, device: torch.device | str) -> dict[torch.dtype, Tensor]:
     """Buffers :func:`pack` would fill for ``slots``, to receive into."""
     sizes: dict[torch.dtype, int] = {}
     for _, shape, dtype in slots:
@@ -79,11 +80,12 @@ def choose_backend(weight_sync: str, gpus: list[str | None], names: list[str]) -
     return "nccl"
 
 
-def gpu_uuid(device: str) -> str | None:
-    """The UUID of the GPU this process computes on (None on the CPU)."""
-    if device != "cuda":
+def gpu_uuid(device: torch.device | str) -> str | None:
+    """The UUID of the GPU ``device`` is (None on the CPU)."""
+    device = torch.device(device)
+    if device.type != "cuda":
         return None
-    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    return str(torch.cuda.get_device_properties(device).uuid)
 
 
 def _process_group(store, rank: int, size: int, backend: str, timeout: timedelta):
@@ -103,7 +105,8 @@ class WeightChannel:
         store = dist.TCPStore(host, int(port), size, is_master=rank == 0, timeout=timeout)
         self.store = dist.PrefixStore("postrl-weights", store)  # keeps `store` alive too
         self.group = _process_group(self.store, rank, size, backend, timeout)
-        self.device = "cuda" if backend == "nccl" else "cpu"
+        self.device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
+                       else torch.device("cpu"))
 
     def _broadcast(self, buffers: dict[torch.dtype, Tensor]) -> None:
         options = dist.BroadcastOptions()
@@ -112,9 +115,11 @@ class WeightChannel:
             self.group.broadcast([buffer], options).wait()
 
     def send(self, weights: dict[str, Tensor]) -> None:
+        """Broadcast one bucket (rank 0)."""
         self._broadcast(pack(weights, self.device))
 
     def receive(self, slots: Layout) -> dict[str, Tensor]:
+        """Receive one bucket of the layout ``slots``."""
         buffers = empty_buffers(slots, self.device)
         self._broadcast(buffers)
         return unpack(buffers, slots)

@@ -3,19 +3,18 @@
 A dead actor (killed, out of memory, its node lost) is reported by name, e.g. ``rollout
 worker 2/2``, with what to do next: the driver keeps checkpoints, so the run continues from
 the last one with ``resume=auto``. An error a user can act on (a ``PostRLError`` raised inside
-a worker) is re-raised as it is; any other exception in a worker is a bug and keeps Ray's
-traceback.
+a worker, its constructor included) is re-raised as it is; any other exception in a worker is
+a bug and keeps Ray's traceback. Ray is imported where it is used: the workers' modules
+import this one and must load without Ray.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
-
-import ray
-from ray.exceptions import RayActorError, RayTaskError
 
 from postrl.errors import PostRLError
 
@@ -31,10 +30,12 @@ class WorkerError(PostRLError):
     """A Ray actor of the run (rollout or trainer worker) died."""
 
 
-def gather(futures: Sequence[ray.ObjectRef], names: Sequence[str], resume_hint: str) -> list[Any]:
-    """``ray.get`` of every future, in order. The first failure raises: a dead actor as a
-    :class:`WorkerError` naming it (preferred over errors of its peers), a ``PostRLError``
-    from inside a worker as itself."""
+def gather(futures: Sequence[Any], names: Sequence[str], resume_hint: str) -> list[Any]:
+    """``ray.get`` of every future (``ray.ObjectRef``), in order. The first failure raises: a
+    dead actor as a :class:`WorkerError` naming it (preferred over errors of its peers), a
+    ``PostRLError`` from inside a worker as itself."""
+    import ray
+
     pending = list(futures)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
@@ -47,7 +48,10 @@ def gather(futures: Sequence[ray.ObjectRef], names: Sequence[str], resume_hint: 
     return ray.get(list(futures))
 
 
-def _failure(future: ray.ObjectRef) -> Exception | None:
+def _failure(future) -> Exception | None:
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
+
     try:
         ray.get(future)
     except (RayActorError, RayTaskError) as err:
@@ -56,10 +60,15 @@ def _failure(future: ray.ObjectRef) -> Exception | None:
 
 
 def _raise(failures, futures, names, resume_hint: str) -> None:
+    from ray.exceptions import RayActorError
+
     index = {future: i for i, future in enumerate(futures)}
     dead = [(f, e) for f, e in failures if isinstance(e, RayActorError)]
     future, err = (dead or failures)[0]
     name = names[index[future]]
+    refused = _constructor_error(err)
+    if refused is not None:
+        raise refused from None
     if isinstance(err, RayActorError):
         raise WorkerError(f"{name} died ({_reason(err)}; killed, out of memory or crashed). "
                           f"{resume_hint}") from None
@@ -69,7 +78,25 @@ def _raise(failures, futures, names, resume_hint: str) -> None:
     raise err
 
 
-def _reason(err: RayActorError) -> str:
+def _constructor_error(err: Exception) -> PostRLError | None:
+    """The ``PostRLError`` an actor's constructor raised (e.g. a GPU it cannot see), rebuilt
+    from its text: Ray keeps only the text of a failed constructor's exception."""
+    if not getattr(err, "actor_init_failed", False):
+        return None
+    found = re.findall(r"^(postrl(?:\.\w+)*)\.(\w+): (.*)$", str(err), re.MULTILINE)
+    if not found:
+        return None
+    module, name, message = found[-1]
+    try:
+        kind = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    if not (isinstance(kind, type) and issubclass(kind, PostRLError)):
+        return None
+    return kind(message)
+
+
+def _reason(err) -> str:
     """What Ray says about a dead actor, in one sentence (its messages run to many lines)."""
     text = " ".join(str(err).split())
     detail = re.search(r"exit detail: ([^.]*)", text)

@@ -4,20 +4,21 @@ Sampling randomness is keyed by ``(seed, prompt index)`` (the engine's ``first_p
 the completions do not depend on how many actors share a round. Each actor holds its own copy
 of the policy (on its GPU when it reserved one); after every training step the new trainable
 weights reach it through the Ray object store (``load_weights``) or a broadcast from rank 0.
+Ray is imported only where it is used: :class:`RolloutWorker` runs without it.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
-import ray
 import torch
 
 from postrl.config import TrainConfig
-from postrl.distributed.broadcast import Layout, WeightChannel, gpu_uuid
+from postrl.distributed.broadcast import WeightChannel, gpu_uuid
 from postrl.distributed.failures import COLLECTIVE_TIMEOUT, gather
-from postrl.distributed.weights import load_trainable, worker_device
+from postrl.distributed.weights import Layout, device_label, load_trainable, worker_device
 from postrl.process import configure_process
 from postrl.rollout import HFRolloutEngine, Rollouts, SamplingParams
 from postrl.rollout.base import cat_right_padded
@@ -73,17 +74,24 @@ def build_engine(cfg: TrainConfig, policy_state: dict) -> tuple[object, Callable
 
 
 class RolloutWorker:
-    """The body of one rollout actor: a rollout engine over its own copy of the policy."""
+    """The body of one rollout actor: a rollout engine over its own copy of the policy.
+    ``name`` (``rollout worker 1/2``) is how its errors call it."""
 
-    def __init__(self, cfg: TrainConfig, policy_state: dict, threads: int) -> None:
+    def __init__(self, cfg: TrainConfig, policy_state: dict, threads: int,
+                 name: str = "rollout worker") -> None:
         configure_process(threads, cfg.reuse_freed_memory)
-        self.device = worker_device(cfg)
+        self.device = worker_device(cfg, name)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         self.engine, self._load = build_engine(cfg, policy_state)
         self.channel: WeightChannel | None = None  # weight_sync=broadcast
-        self.slots: Layout = []
+        self.buckets: list[Layout] = []
 
     def pid(self) -> int:
         return os.getpid()
+
+    def device_name(self) -> str:
+        return device_label(self.device)
 
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams,
                  seed: int, first_prompt: int) -> Rollouts:
@@ -97,13 +105,15 @@ class RolloutWorker:
         return gpu_uuid(self.device)
 
     def open_channel(self, address: str, rank: int, size: int, backend: str,
-                     slots: Layout) -> None:
-        """Join train rank 0's weight channel; ``slots`` is its weights' layout."""
+                     buckets: list[Layout]) -> None:
+        """Join train rank 0's weight channel; ``buckets`` is how its weights are sent."""
         self.channel = WeightChannel(address, rank, size, backend, COLLECTIVE_TIMEOUT)
-        self.slots = slots
+        self.buckets = buckets
 
     def receive_weights(self) -> None:
-        self._load(self.channel.receive(self.slots))
+        """Receive and load the weights one bucket at a time, as rank 0 sends them."""
+        for part in self.buckets:
+            self._load(self.channel.receive(part))
 
 
 class RolloutPool:
@@ -124,14 +134,14 @@ class RolloutPool:
         parts = gather(futures, self.names[: len(futures)], self.resume_hint)
         return cat_rollouts(parts, self.pad_id)
 
-    def load_weights(self, weights: ray.ObjectRef) -> None:
+    def load_weights(self, weights: Any) -> None:
         """Every actor reads the new weights from the object store (passed by reference)."""
         gather([a.load_weights.remote(weights) for a in self.actors], self.names,
                self.resume_hint)
 
-    def start_receiving(self) -> list[ray.ObjectRef]:
+    def start_receiving(self) -> list[Any]:
         """Every actor waits for train rank 0's broadcast (see :meth:`finish_receiving`)."""
         return [a.receive_weights.remote() for a in self.actors]
 
-    def finish_receiving(self, futures: list[ray.ObjectRef]) -> None:
+    def finish_receiving(self, futures: list[Any]) -> None:
         gather(futures, self.names, self.resume_hint)

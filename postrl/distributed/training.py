@@ -7,21 +7,25 @@ share of each minibatch, with the loss normalised by the counts of the WHOLE min
 scaled by W, so that DDP's gradient average is the full-batch gradient (ALGORITHMS.md §3):
 the gradient of a step does not depend on W. The driver draws the plan (which rows make each
 optimizer step) and merges the workers' diagnostics into the metrics of the whole batch.
+
+Ray is imported only where it is used, so that a script can drive :class:`TrainWorker`
+directly, in processes of its own, on a machine without Ray.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import socket
+from typing import Any
 
-import ray
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from postrl.config import TrainConfig
-from postrl.distributed.broadcast import Layout, WeightChannel, gpu_uuid, layout
+from postrl.distributed.broadcast import WeightChannel, gpu_uuid
 from postrl.distributed.failures import COLLECTIVE_TIMEOUT, gather
 from postrl.distributed.parallel import (
     DDPReplica,
@@ -31,9 +35,13 @@ from postrl.distributed.parallel import (
     wrap,
 )
 from postrl.distributed.weights import (
+    Layout,
+    buckets,
+    device_label,
+    gather_bucket,
     to_cpu,
+    trainable_layout,
     trainable_state,
-    whole_trainable,
     worker_device,
 )
 from postrl.process import configure_process
@@ -57,18 +65,36 @@ def adopt_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     optimizer.load_state_dict(merged)
 
 
-class TrainWorker:
-    """The body of one trainer actor."""
+def device_option(device: torch.device) -> dict[str, torch.device]:
+    """``init_process_group``'s ``device_id`` for a CUDA rank (binds the group to its GPU);
+    nothing on the CPU, or on a torch whose ``init_process_group`` lacks it."""
+    if device.type != "cuda":
+        return {}
+    if "device_id" not in inspect.signature(dist.init_process_group).parameters:
+        return {}
+    return {"device_id": device}
 
-    def __init__(self, cfg: TrainConfig, rank: int, size: int, threads: int) -> None:
+
+# the largest piece of the whole weights a push gathers at a time (FSDP2) and sends
+PUSH_BUCKET_BYTES = 256 * 2**20
+
+
+class TrainWorker:
+    """The body of one trainer actor. ``bucket_bytes`` bounds the pieces of a weight push."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, size: int, threads: int,
+                 bucket_bytes: int = PUSH_BUCKET_BYTES) -> None:
         from postrl.models.policy import ValueModel, causal_lm
         from postrl.train.trainer import load_trained_policy
 
         configure_process(threads, cfg.reuse_freed_memory)
         self.cfg, self.rank, self.size = cfg, rank, size
+        self.bucket_bytes = bucket_bytes
         self.recipe = cfg.build_recipe()
         self.loss_cfg = self.recipe.policy_loss_config(cfg.max_new_tokens)
-        self.device = worker_device(cfg)
+        self.device = worker_device(cfg, f"train worker {rank + 1}/{size}")
+        if self.device.type == "cuda":  # NCCL and new CUDA tensors use this GPU
+            torch.cuda.set_device(self.device)
         self.policy, _ = load_trained_policy(cfg)
         self.lm = causal_lm(self.policy)
         self.critic = ValueModel(self.policy) if self.recipe.critic else None
@@ -79,11 +105,19 @@ class TrainWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def device_name(self) -> str:
+        return device_label(self.device)
+
     def address(self) -> str:
-        """``host:port`` for the group's rendezvous (asked of rank 0)."""
+        """``host:port`` for the group's rendezvous (asked of rank 0); without Ray, this
+        machine's loopback (all ranks on one machine)."""
         with socket.socket() as probe:
             probe.bind(("", 0))
             port = probe.getsockname()[1]
+        try:
+            import ray
+        except ImportError:
+            return f"127.0.0.1:{port}"
         return f"{ray.util.get_node_ip_address()}:{port}"
 
     def join(self, address: str, state: dict) -> None:
@@ -92,9 +126,10 @@ class TrainWorker:
         the wrapped parameters and load the driver's optimizer state into them."""
         from postrl.train.trainer import make_optimizers
 
-        backend = "nccl" if self.device == "cuda" else "gloo"
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{address}", rank=self.rank,
-                                world_size=self.size, timeout=COLLECTIVE_TIMEOUT)
+                                world_size=self.size, timeout=COLLECTIVE_TIMEOUT,
+                                **device_option(self.device))
         mode = self.cfg.train_parallel
         self.lm.load_state_dict(state["policy"])
         self.policy.to(self.device)
@@ -117,6 +152,8 @@ class TrainWorker:
         self.models = Trainable(policy, optimizer, critic, critic_optimizer)
         self.replica = make_replica(mode, self.rank, self.size,
                                     [m for m in (policy, critic) if m], self.device)
+        # the same buckets on every rank (whole shapes, not gathered): the same collectives
+        self.buckets = buckets(trainable_layout(self.lm), self.bucket_bytes)
 
     def update(self, batch: TrainBatch, settings: UpdateSettings, plan: list[Tensor],
                lr: float) -> list[RoundResult]:
@@ -135,18 +172,27 @@ class TrainWorker:
 
     def weights(self) -> dict[str, Tensor] | None:
         """The new trainable weights (rank 0's, as CPU copies); rank 0 also broadcasts them
-        to the rollout actors when it holds the weight channel."""
-        weights = whole_trainable(self.lm)
-        if self.channel is not None:
-            self.channel.send(weights)
-        return self._rank0({name: value.to("cpu", copy=True) for name, value in weights.items()})
+        to the rollout actors when it holds the weight channel. Gathered (FSDP2) and sent
+        one bucket at a time: rank 0 copies each to the CPU, the others drop it at once."""
+        params = dict(self.lm.named_parameters())
+        weights: dict[str, Tensor] = {}
+        for part in self.buckets:
+            bucket = gather_bucket(params, part)
+            if self.channel is not None:
+                self.channel.send(bucket)
+            if self.rank == 0:
+                weights.update((name, value.to("cpu", copy=True))
+                               for name, value in bucket.items())
+            del bucket  # before the next bucket is gathered
+        return self._rank0(weights)
 
     def gpu_uuid(self) -> str | None:
         return gpu_uuid(self.device)
 
-    def weight_layout(self) -> Layout:
-        """Names, whole shapes and dtypes of the trainable weights (no gathering needed)."""
-        return layout({n: p for n, p in self.lm.named_parameters() if p.requires_grad})
+    def weight_layout(self) -> list[Layout]:
+        """The buckets of a weight push: names, whole shapes and dtypes of the trainable
+        weights (no gathering needed), in the order :meth:`weights` sends them."""
+        return self.buckets
 
     def open_channel(self, address: str, size: int, backend: str) -> None:
         """Host the weight channel (rank 0 only): the rollout actors join it."""
@@ -175,22 +221,25 @@ class TrainGroup:
         futures = [getattr(actor, method).remote(*args) for actor in self.actors]
         return gather(futures, self.names, self.resume_hint)
 
-    def _from_rank0(self, method: str) -> tuple[ray.ObjectRef, object]:
+    def _from_rank0(self, method: str) -> tuple[Any, object]:
         """Rank 0's answer (its reference and value); every rank is asked when sharded."""
         asked = self.actors if self.sharded else self.actors[:1]
         futures = [getattr(actor, method).remote() for actor in asked]
         return futures[0], gather(futures, self.names[: len(asked)], self.resume_hint)[0]
 
-    def join(self, state: ray.ObjectRef) -> None:
+    def join(self, state: Any) -> None:
+        """Start the group from the driver's state (a ``ray.ObjectRef``)."""
         [address] = gather([self.actors[0].address.remote()], self.names[:1], self.resume_hint)
         self._all("join", address, state)
 
     def update(self, batch: TrainBatch, settings: UpdateSettings, plan: list[Tensor],
                lr: float) -> list[RoundResult]:
         """Every worker trains on its share; the results merged as one process's."""
+        import ray
+
         return merge_replicas(self._all("update", ray.put(batch), settings, plan, lr))
 
-    def weights(self) -> tuple[ray.ObjectRef, dict[str, Tensor]]:
+    def weights(self) -> tuple[Any, dict[str, Tensor]]:
         """Rank 0's new trainable policy weights (all replicas are equal): their reference in
         the object store, for the rollout actors, and their value, for the driver."""
         return self._from_rank0("weights")

@@ -5,16 +5,46 @@ every worker must make the same call (:func:`full`)."""
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from postrl.errors import ConfigError
 
-def worker_device(cfg) -> str:
-    """Where an actor's model lives: ``cuda`` when it reserved a GPU (``worker_gpus > 0``)
-    and this process sees one, else ``cpu``."""
-    return "cuda" if cfg.worker_gpus > 0 and torch.cuda.is_available() else "cpu"
+Layout = list[tuple[str, tuple[int, ...], torch.dtype]]  # name, shape, dtype of each tensor
+
+
+def worker_device(cfg, who: str = "this actor") -> torch.device:
+    """Where an actor's model lives: its GPU (``cuda:N``, N normally 0 since Ray sets
+    ``CUDA_VISIBLE_DEVICES``) when it reserved one (``worker_gpus > 0``), else the CPU. A GPU
+    reserved but not visible to torch is an error: falling back to the CPU would run a GPU
+    job on the CPU without a word."""
+    if cfg.worker_gpus <= 0:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"worker_gpus={cfg.worker_gpus:g}: {who} reserved a GPU, but torch "
+                          f"in that actor sees no CUDA GPU ({_why_no_cuda()}); check the "
+                          "node's GPUs and CUDA_VISIBLE_DEVICES, and that the actors' torch is "
+                          "a CUDA build, or set worker_gpus=0")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _why_no_cuda() -> str:
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is built without CUDA"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return f"CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else (
+        "CUDA_VISIBLE_DEVICES is unset")
+
+
+def device_label(device: torch.device) -> str:
+    """``cuda:0 (NVIDIA H200)`` or ``cpu``: what the driver reports for each actor."""
+    if device.type != "cuda":
+        return str(device)
+    return f"{device} ({torch.cuda.get_device_name(device)})"
 
 
 def full(tensor: Tensor) -> Tensor:
@@ -25,21 +55,46 @@ def full(tensor: Tensor) -> Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def whole_trainable(module: nn.Module) -> dict[str, Tensor]:
-    """The trainable parameters of ``module`` by name (LoRA: only the adapters), whole, where
-    they are (a collective under FSDP2)."""
-    return {name: full(param.detach())
+def trainable_state(module: nn.Module) -> dict[str, Tensor]:
+    """The trainable parameters of ``module`` by name (LoRA: only the adapters), whole, as CPU
+    copies; under FSDP2 a collective, gathered one parameter at a time."""
+    return {name: full(param.detach()).to("cpu", copy=True)
             for name, param in module.named_parameters() if param.requires_grad}
 
 
-def trainable_state(module: nn.Module) -> dict[str, Tensor]:
-    """:func:`whole_trainable` as CPU copies."""
-    return {name: value.to("cpu", copy=True) for name, value in whole_trainable(module).items()}
+def trainable_layout(module: nn.Module) -> Layout:
+    """Names, whole shapes (a DTensor's are its global ones) and dtypes of the trainable
+    parameters, without gathering anything."""
+    return [(name, tuple(param.shape), param.dtype)
+            for name, param in module.named_parameters() if param.requires_grad]
+
+
+def buckets(slots: Layout, limit: int) -> list[Layout]:
+    """``slots`` in order, cut into consecutive buckets of at most ``limit`` bytes (a tensor
+    larger than ``limit`` goes alone). Every member of a weight push walks the same buckets,
+    so the collectives run in the same order everywhere."""
+    parts: list[Layout] = []
+    size = 0
+    for slot in slots:
+        _, shape, dtype = slot
+        nbytes = math.prod(shape) * dtype.itemsize
+        if not parts or size + nbytes > limit:
+            parts.append([])
+            size = 0
+        parts[-1].append(slot)
+        size += nbytes
+    return parts
+
+
+def gather_bucket(params: dict[str, Tensor], bucket: Layout) -> dict[str, Tensor]:
+    """The parameters of ``bucket``, whole, where they are (a collective under FSDP2)."""
+    return {name: full(params[name].detach()) for name, _, _ in bucket}
 
 
 @torch.no_grad()
 def load_trainable(module: nn.Module, state: dict[str, Tensor]) -> None:
-    """Copy ``state`` (from :func:`trainable_state`) into the parameters of the same names."""
+    """Copy ``state`` (from :func:`trainable_state`, or one bucket of it) into the parameters
+    of the same names."""
     params = dict(module.named_parameters())
     missing = sorted(set(state) - set(params))
     if missing:

@@ -1,5 +1,6 @@
 """Weights between replicas, without Ray: which device an actor's model lives on, optimizer
-moments into FSDP2 shards and back, packing for the broadcast and when it is used."""
+moments into FSDP2 shards and back, the buckets of a weight push, packing for the broadcast
+and when it is used."""
 
 import copy
 from datetime import timedelta
@@ -20,18 +21,72 @@ from postrl.distributed.broadcast import (
     unpack,
 )
 from postrl.distributed.parallel import load_optimizer_state, shard
-from postrl.distributed.weights import to_cpu, trainable_state, worker_device
+from postrl.distributed.training import device_option
+from postrl.distributed.weights import (
+    buckets,
+    device_label,
+    to_cpu,
+    trainable_state,
+    worker_device,
+)
 from postrl.errors import ConfigError
 
 BASE = ["model=tiny", "prompts_per_step=2", "group_size=4", "max_new_tokens=4", "launcher=ray"]
 
 
-@pytest.mark.parametrize("gpus, cuda, device", [("0", True, "cpu"), ("0.5", True, "cuda"),
-                                                ("1", False, "cpu")])
-def test_an_actor_uses_its_gpu_only_when_it_reserved_one_and_sees_it(monkeypatch, gpus, cuda,
-                                                                     device):
+@pytest.mark.parametrize("gpus, cuda, device", [("0", True, "cpu"), ("0", False, "cpu"),
+                                                ("0.5", True, "cuda:0"), ("2", True, "cuda:0")])
+def test_an_actor_uses_its_gpu_when_it_reserved_one(monkeypatch, gpus, cuda, device):
     monkeypatch.setattr("torch.cuda.is_available", lambda: cuda)
-    assert worker_device(load_config(None, [*BASE, f"worker_gpus={gpus}"])) == device
+    monkeypatch.setattr("torch.cuda.current_device", lambda: 0)  # Ray: CUDA_VISIBLE_DEVICES
+    assert worker_device(load_config(None, [*BASE, f"worker_gpus={gpus}"])) == torch.device(
+        device)
+
+
+@pytest.mark.parametrize("cuda_build, visible, why", [
+    (None, "0", r"torch \S+ is built without CUDA"),
+    ("12.8", "", "CUDA_VISIBLE_DEVICES=''"), ("12.8", None, "CUDA_VISIBLE_DEVICES is unset")])
+def test_an_actor_that_reserved_a_gpu_torch_cannot_see_is_an_error(monkeypatch, cuda_build,
+                                                                   visible, why):
+    """Not a silent fallback to the CPU: one line naming the option, the actor and why."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("torch.version.cuda", cuda_build)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    cfg = load_config(None, [*BASE, "worker_gpus=0.5"])
+    with pytest.raises(ConfigError, match=rf"^worker_gpus=0.5: train worker 2/2 reserved a GPU, "
+                                          rf"but torch in that actor sees no CUDA GPU \({why}\); "
+                                          r"check .*CUDA_VISIBLE_DEVICES.* or set worker_gpus=0$"):
+        worker_device(cfg, "train worker 2/2")
+
+
+def test_a_cuda_rank_binds_its_process_group_to_its_gpu():
+    assert device_option(torch.device("cpu")) == {}
+    assert device_option(torch.device("cuda", 0)) == {"device_id": torch.device("cuda", 0)}
+    assert device_label(torch.device("cpu")) == "cpu"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_is_reported_with_its_name():
+    label = device_label(torch.device("cuda", 0))
+    assert label == f"cuda:0 ({torch.cuda.get_device_name(0)})"
+
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+def test_a_push_walks_buckets_in_order_none_over_the_limit_but_a_tensor_alone():
+    slots = [("a", (10,), F32), ("b", (2, 3), F32), ("c", (100,), F32), ("d", (3,), BF16),
+             ("e", (4, 5), F32), ("f", (1,), F32)]
+    # bytes: 40, 24, 400 (over the limit: alone), 6, 80 (alone), 4
+    parts = buckets(slots, 64)
+    assert [[name for name, _, _ in part] for part in parts] == [
+        ["a", "b"], ["c"], ["d"], ["e"], ["f"]]
+    assert [slot for part in parts for slot in part] == slots
+    assert buckets(slots, 10**6) == [slots]
+    assert buckets([], 64) == []
 
 
 @pytest.fixture
