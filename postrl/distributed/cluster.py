@@ -7,11 +7,15 @@ actors form a ``torch.distributed`` group and train DDP replicas or FSDP2 shards
 training step rank 0's new trainable weights go into the Ray object store once; the driver's
 own copy of the policy reads them from there, and so do the rollout actors, unless rank 0
 broadcasts the weights to them over a group of their own (``weight_sync``, ``broadcast.py``).
+Actors that reserve GPUs are placed by a placement group, at most one trainer worker per GPU
+(``placement.py``); once all are up, the driver says which device each one computes on.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 import torch
@@ -19,6 +23,7 @@ import torch
 import postrl
 from postrl.distributed.broadcast import choose_backend
 from postrl.distributed.failures import gather
+from postrl.distributed.placement import Placement, plan_placement
 from postrl.distributed.rollout import RolloutPool, RolloutWorker
 from postrl.distributed.training import TrainGroup, TrainWorker, adopt_state
 from postrl.distributed.weights import load_trainable
@@ -34,6 +39,7 @@ class Cluster:
     driver_critic: torch.nn.Module | None
     owns_ray: bool  # started a local Ray instance (shut down on close)
     broadcast: bool = False  # weights reach the rollout actors by train rank 0's broadcast
+    placement_group: Any = None  # holds the actors' GPUs (worker_gpus > 0)
 
     def update(self, batch, settings: UpdateSettings, plan: list[torch.Tensor],
                lr: float) -> list[RoundResult]:
@@ -60,10 +66,16 @@ class Cluster:
             adopt_state(critic_optimizer, critic_state)
 
     def close(self) -> None:
-        for actor in self.rollout.actors + self.trainers.actors:
-            ray.kill(actor)
-        if self.owns_ray:
-            ray.shutdown()
+        stop(self.rollout.actors + self.trainers.actors, self.placement_group, self.owns_ray)
+
+
+def stop(actors: list, placement_group, owns_ray: bool) -> None:
+    for actor in actors:
+        ray.kill(actor)
+    if placement_group is not None:
+        ray.util.remove_placement_group(placement_group)
+    if owns_ray:
+        ray.shutdown()
 
 
 def connect(address: str | None) -> bool:
@@ -76,20 +88,44 @@ def connect(address: str | None) -> bool:
     return address is None
 
 
-def actor_resources(cfg, actors: int) -> tuple[float, float]:
-    """``(cpus, gpus)`` each actor reserves; ``worker_cpus=null`` shares the cluster's CPUs
-    evenly. A cluster that can never hold every actor is an error naming the option (one that
-    is busy with other work holds the actors back until it has room, as Ray does)."""
+def actor_resources(cfg, actors: int) -> tuple[float, Placement | None]:
+    """The CPUs each actor reserves (``worker_cpus=null`` shares the cluster's CPUs evenly)
+    and, with ``worker_gpus > 0``, the plan of their GPUs. A cluster that can never hold
+    every actor is an error naming the option (one that is busy with other work holds the
+    actors back until it has room, as Ray does)."""
     total = ray.cluster_resources()
     cpus = cfg.worker_cpus if cfg.worker_cpus is not None else total.get("CPU", 0) / actors
     if cpus <= 0 or cpus * actors > total.get("CPU", 0) + 1e-9:
         raise ConfigError(f"worker_cpus: {actors} actors (rollout_workers + train_workers) "
                           f"x {cpus:g} CPUs do not fit the {total.get('CPU', 0):g} CPUs "
                           "of the Ray cluster; lower worker_cpus or the worker counts")
-    if cfg.worker_gpus * actors > total.get("GPU", 0) + 1e-9:
-        raise ConfigError(f"worker_gpus: {actors} actors x {cfg.worker_gpus:g} GPUs do not fit "
-                          f"the {total.get('GPU', 0):g} GPUs of the Ray cluster")
-    return cpus, cfg.worker_gpus
+    return cpus, plan_placement(cfg.rollout_workers, cfg.train_workers, cpus, cfg.worker_gpus,
+                                total.get("GPU", 0))
+
+
+def place(plan: Placement | None, cpus: float, gpus: float, rollout_workers: int,
+          train_workers: int) -> tuple[Any, list[dict], list[dict]]:
+    """``(placement group, options of each rollout actor, of each trainer)`` for ``plan``
+    (None: no group, plain reservations). The actors wait for the group to be placed."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if plan is None:
+        plain = {"num_cpus": cpus, "num_gpus": gpus}
+        return None, [plain] * rollout_workers, [plain] * train_workers
+    group = placement_group(plan.bundles)
+
+    def options(bundle: int) -> dict:
+        return {"num_cpus": cpus, "num_gpus": gpus,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=bundle)}
+
+    return group, [options(b) for b in plan.rollout], [options(b) for b in plan.train]
+
+
+def device_lines(names: list[str], labels: list[str]) -> list[str]:
+    """One line per actor: ``postrl: train worker 1/2: cuda:0 (NVIDIA H200)``."""
+    return [f"postrl: {name}: {label}" for name, label in zip(names, labels, strict=True)]
 
 
 def open_weight_channel(cluster: Cluster, weight_sync: str, hint: str) -> bool:
@@ -126,35 +162,39 @@ def start_cluster(trainer) -> Cluster:
     cfg = trainer.cfg
     owns_ray = connect(cfg.ray_address)
     actors: list = []
+    group = None
     try:
-        cpus, gpus = actor_resources(cfg, cfg.rollout_workers + cfg.train_workers)
+        rollout_workers, train_workers = cfg.rollout_workers, cfg.train_workers
+        cpus, plan = actor_resources(cfg, rollout_workers + train_workers)
         threads = cfg.threads or max(1, int(cpus))
-        options = {"num_cpus": cpus, "num_gpus": gpus}
+        group, rollout_options, train_options = place(plan, cpus, cfg.worker_gpus,
+                                                      rollout_workers, train_workers)
         policy_state = ray.put(trainer.lm.state_dict())
-        rollout_actor = ray.remote(RolloutWorker).options(**options)
-        rollout = [rollout_actor.remote(cfg, policy_state, threads)
-                   for _ in range(cfg.rollout_workers)]
-        train_actor = ray.remote(TrainWorker).options(**options)
-        train = [train_actor.remote(cfg, rank, cfg.train_workers, threads)
-                 for rank in range(cfg.train_workers)]
+        rollout_actor, train_actor = ray.remote(RolloutWorker), ray.remote(TrainWorker)
+        rollout = [rollout_actor.options(**options).remote(
+                       cfg, policy_state, threads, f"rollout worker {i + 1}/{rollout_workers}")
+                   for i, options in enumerate(rollout_options)]
+        train = [train_actor.options(**options).remote(cfg, rank, train_workers, threads)
+                 for rank, options in enumerate(train_options)]
         actors = rollout + train
         hint = resume_hint(cfg)
         pad_id = trainer.tokenizer.pad_token_id
         trainers = TrainGroup(train, hint, sharded=cfg.train_parallel == "fsdp2")
         cluster = Cluster(RolloutPool(rollout, 0 if pad_id is None else pad_id, hint),
-                          trainers, trainer.lm, trainer.critic, owns_ray)
+                          trainers, trainer.lm, trainer.critic, owns_ray,
+                          placement_group=group)
         cluster.trainers.join(ray.put({
             "policy": trainer.lm.state_dict(),
             "critic": trainer.critic.state_dict() if trainer.critic else None,
             "optimizer": trainer.optimizer.state_dict(),
             "critic_optimizer": (trainer.critic_optimizer.state_dict()
                                  if trainer.critic_optimizer else None)}))
-        gather([a.pid.remote() for a in rollout], cluster.rollout.names, hint)  # all up
+        names = cluster.rollout.names + cluster.trainers.names
+        labels = gather([a.device_name.remote() for a in actors], names, hint)  # all up
+        if not cfg.quiet:
+            print("\n".join(device_lines(names, labels)), file=sys.stderr, flush=True)
         cluster.broadcast = open_weight_channel(cluster, cfg.weight_sync, hint)
         return cluster
     except BaseException:
-        for actor in actors:
-            ray.kill(actor)
-        if owns_ray:
-            ray.shutdown()
+        stop(actors, group, owns_ray)
         raise

@@ -184,7 +184,9 @@ def test_a_dead_rollout_worker_is_named_and_resume_finishes_the_run(tmp_path, gr
         trainer.train()
     assert [r["step"] for r in metrics(out)] == [1, 2]  # step 3 never logged
     assert main(["train", *options(out, "grpo", *RAY, "save_every=1", "resume=auto")]) == 0
-    assert "saved" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "saved" in printed.out
+    assert "rollout worker 1/2: cpu" not in printed.err  # quiet=true: no device lines
     # the resumed run is the uninterrupted one, line for line
     reference, _ = grpo_on_ray
     assert metrics(out) == metrics(reference)
@@ -206,11 +208,15 @@ def test_a_dead_train_worker_is_named(tmp_path):
 
 def test_without_a_ray_session_the_cli_starts_a_local_instance_and_stops_it(tmp_path):
     """A fresh process with no Ray session and no ray_address: postrl starts a local Ray
-    instance, ships its own code to the workers, trains, and shuts the instance down."""
+    instance, ships its own code to the workers, trains, and shuts the instance down; once
+    the actors are up it says where each computes, one line each."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     run = subprocess.run([sys.executable, "-m", "postrl.cli", "train",
-                          *options(tmp_path / "run", "grpo", "steps=1", "launcher=ray")],
+                          *options(tmp_path / "run", "grpo", "steps=1", "launcher=ray"),
+                          "quiet=false"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Started a local Ray instance" in run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.startswith("postrl: ")]
+    assert lines == ["postrl: rollout worker 1/1: cpu", "postrl: train worker 1/1: cpu"]
     assert (tmp_path / "run" / "final" / "config.json").is_file()
