@@ -199,12 +199,17 @@ class TrainWorker:
         self.channel = WeightChannel(address, 0, size, backend, COLLECTIVE_TIMEOUT)
 
     def critic_weights(self) -> dict[str, Tensor] | None:
-        return self._rank0(trainable_state(self.critic) if self.critic is not None else None)
+        if self.critic is None:
+            return None
+        return self._rank0(trainable_state(self.critic, keep=self.rank == 0))
 
     def optimizer_states(self) -> tuple[dict, dict | None] | None:
-        critic_optimizer = self.models.critic_optimizer
-        return self._rank0((to_cpu(self.models.optimizer.state_dict()),
-                            to_cpu(critic_optimizer.state_dict()) if critic_optimizer else None))
+        """Rank 0's whole optimizer states on the CPU; the other ranks join the gathers
+        (FSDP2) and keep nothing."""
+        keep, critic_optimizer = self.rank == 0, self.models.critic_optimizer
+        return self._rank0((to_cpu(self.models.optimizer.state_dict(), keep),
+                            to_cpu(critic_optimizer.state_dict(), keep) if critic_optimizer
+                            else None))
 
 
 class TrainGroup:

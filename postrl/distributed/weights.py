@@ -55,11 +55,17 @@ def full(tensor: Tensor) -> Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def trainable_state(module: nn.Module) -> dict[str, Tensor]:
+def trainable_state(module: nn.Module, keep: bool = True) -> dict[str, Tensor]:
     """The trainable parameters of ``module`` by name (LoRA: only the adapters), whole, as CPU
-    copies; under FSDP2 a collective, gathered one parameter at a time."""
-    return {name: full(param.detach()).to("cpu", copy=True)
-            for name, param in module.named_parameters() if param.requires_grad}
+    copies; under FSDP2 a collective, gathered one parameter at a time. ``keep=False`` (the
+    ranks whose copy nobody reads) joins the gathers and drops each at once."""
+    state = {}
+    for name, param in module.named_parameters():
+        if param.requires_grad:
+            whole = full(param.detach())
+            if keep:
+                state[name] = whole.to("cpu", copy=True)
+    return state
 
 
 def trainable_layout(module: nn.Module) -> Layout:
@@ -103,13 +109,15 @@ def load_trainable(module: nn.Module, state: dict[str, Tensor]) -> None:
         params[name].copy_(value)
 
 
-def to_cpu(value: Any) -> Any:
+def to_cpu(value: Any, keep: bool = True) -> Any:
     """``value`` (nested dicts/lists of tensors, e.g. an optimizer's state) with whole CPU
-    tensors (DTensor shards gathered: a collective under FSDP2)."""
+    tensors (DTensor shards gathered: a collective under FSDP2); ``keep=False`` joins the
+    gathers and puts None for every tensor."""
     if isinstance(value, Tensor):
-        return full(value).to("cpu")
+        whole = full(value)
+        return whole.to("cpu") if keep else None
     if isinstance(value, dict):
-        return {k: to_cpu(v) for k, v in value.items()}
+        return {k: to_cpu(v, keep) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(to_cpu(v) for v in value)
+        return type(value)(to_cpu(v, keep) for v in value)
     return value

@@ -117,6 +117,12 @@ def test_fsdp2_optimizer_state_goes_into_the_shards_and_comes_back_whole(one_pro
         for key, value in state.items():
             assert torch.equal(back[index][key], value), (index, key)
     assert torch.equal(trainable_state(replica)["0.weight"], driver[0].weight.detach())
+    # a rank whose copy nobody reads joins the same gathers and keeps nothing
+    dropped = to_cpu(sharded.state_dict(), keep=False)["state"]
+    assert dropped.keys() == back.keys()
+    assert all(value is None for state in dropped.values() for key, value in state.items()
+               if key != "step")
+    assert trainable_state(replica, keep=False) == {}
 
 
 def test_packed_weights_unpack_under_their_names():
