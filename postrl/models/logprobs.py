@@ -17,6 +17,7 @@ heads); other models, and any model under FSDP2, run transformers' forward with 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,6 +58,14 @@ class SequenceBatch:
         attention = torch.cat([prompt_mask, response_mask.long()], dim=1)
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         return cls(input_ids, attention, positions, width)
+
+    def to(self, device: torch.device | str) -> SequenceBatch:
+        """These rows on ``device`` (a record of the sampler's forward stays where it is)."""
+        if torch.device(device) == self.input_ids.device:
+            return self
+        return dataclasses.replace(self, input_ids=self.input_ids.to(device),
+                                   attention_mask=self.attention_mask.to(device),
+                                   position_ids=self.position_ids.to(device))
 
 
 def response_logprobs(

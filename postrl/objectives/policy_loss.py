@@ -7,8 +7,10 @@ and merging the returned diagnostics gives the full-batch diagnostics.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from postrl.objectives import mismatch, surrogates
@@ -131,31 +133,29 @@ def policy_loss(
         raise ValueError("the mismatch correction needs the sampler's log-probs in the inputs")
     loss = agg(token_loss)
     diag = Diagnostics()
-    diag.add("loss/policy", loss.item())
-    diag.add("loss/per_token", aggregate(token_loss.detach(), mask, "token_mean", counts).item())
-    diag.add(
-        "loss/per_response",
-        aggregate(token_loss.detach(), mask, "seq_mean_token_mean", counts).item(),
-    )
+    diag.add("loss/policy", loss)
+    diag.add("loss/per_token", aggregate(token_loss.detach(), mask, "token_mean", counts))
+    diag.add("loss/per_response",
+             aggregate(token_loss.detach(), mask, "seq_mean_token_mean", counts))
     if batch.ref_logp is not None:
         kl = kl_penalty(batch.logp, batch.ref_logp, cfg.kl_estimator)
-        diag.add("kl/mean", aggregate(kl.detach(), mask, "token_mean", counts).item())
+        diag.add("kl/mean", aggregate(kl.detach(), mask, "token_mean", counts))
         if cfg.kl_coef:
             kl_loss = agg(cfg.kl_coef * kl)
-            diag.add("loss/kl", kl_loss.item())
+            diag.add("loss/kl", kl_loss)
             loss = loss + kl_loss
     elif cfg.kl_coef:
         raise ValueError("kl_coef > 0 with the KL in the loss needs reference log-probs")
     if batch.entropy is not None:
         entropy_mean = aggregate(batch.entropy.detach(), mask, "token_mean", counts)
-        diag.add("entropy/mean", entropy_mean.item())
+        diag.add("entropy/mean", entropy_mean)
         if cfg.entropy_coef:
             bonus = agg(cfg.entropy_coef * batch.entropy)
-            diag.add("loss/entropy_bonus", bonus.item())
+            diag.add("loss/entropy_bonus", bonus)
             loss = loss - bonus
     elif cfg.entropy_coef:
         raise ValueError("entropy_coef > 0 needs per-token entropy in the inputs")
-    diag.add("loss/total", loss.item())
+    diag.add("loss/total", loss)
     _ratio_diagnostics(diag, surr, batch, counts)
     if batch.sampler_logp is not None:
         _mismatch_diagnostics(diag, batch, cfg, correction)
@@ -168,30 +168,31 @@ def _mismatch_diagnostics(diag: Diagnostics, batch: PolicyLossInputs, cfg: Polic
     rows that carry the sampler's log-probs. With the correction off, the weight statistics
     are those of the token weights it would apply."""
     valid = batch.response_mask.bool()
-    tokens = float(valid.sum())
-    responses = float(valid.any(dim=1).sum())
+
+    def total(values: Tensor) -> Tensor:  # over valid tokens, without a host sync
+        return torch.where(valid, values, 0).sum()
+
+    tokens = valid.sum().double()
+    responses = valid.any(dim=1).sum().double()
     k1, k3 = mismatch.mismatch_kl(batch.old_logp, batch.sampler_logp)
-    diag.add_mean("mismatch/kl_k1", float(k1[valid].sum()), tokens)
-    diag.add_mean("mismatch/kl_k3", float(k3[valid].sum()), tokens)
-    diag.add_mean("mismatch/sampler_ppl", -float(batch.sampler_logp[valid].double().sum()),
-                  tokens, exp=True)
-    diag.add_mean("mismatch/trainer_ppl", -float(batch.old_logp[valid].double().sum()), tokens,
-                  exp=True)
+    diag.add_mean("mismatch/kl_k1", total(k1), tokens)
+    diag.add_mean("mismatch/kl_k3", total(k3), tokens)
+    diag.add_mean("mismatch/sampler_ppl", -total(batch.sampler_logp.double()), tokens, exp=True)
+    diag.add_mean("mismatch/trainer_ppl", -total(batch.old_logp.double()), tokens, exp=True)
     if cfg.mismatch_weight == "none":
         log_w, _ = mismatch.log_weights(batch.old_logp, batch.sampler_logp, valid, "token")
-        weights = raw = log_w.exp()[valid]
+        weights = raw = log_w.exp()
     else:
-        weights, raw = correction.weight[valid], correction.raw[valid]
-    diag.add_mean("mismatch/weight_mean", float(weights.sum()), tokens)
-    if len(weights):
-        diag.low("mismatch/weight_min", float(weights.min()))
-        diag.high("mismatch/weight_max", float(weights.max()))
-    diag.add_ess("mismatch/ess", float(raw.sum()), float(raw.square().sum()), tokens)
-    diag.add_mean("mismatch/truncated_frac", float(correction.truncated[valid].sum()), tokens)
-    diag.add_mean("mismatch/masked_frac", float(correction.masked[valid].sum()), tokens)
-    diag.add_mean("mismatch/rejected_frac", float(correction.rejected.sum()), responses)
+        weights, raw = correction.weight, correction.raw
+    diag.add_mean("mismatch/weight_mean", total(weights), tokens)
+    diag.low("mismatch/weight_min", weights.masked_fill(~valid, math.inf).amin())
+    diag.high("mismatch/weight_max", weights.masked_fill(~valid, -math.inf).amax())
+    diag.add_ess("mismatch/ess", total(raw), total(raw.square()), tokens)
+    diag.add_mean("mismatch/truncated_frac", total(correction.truncated), tokens)
+    diag.add_mean("mismatch/masked_frac", total(correction.masked), tokens)
+    diag.add_mean("mismatch/rejected_frac", correction.rejected.sum().double(), responses)
     if cfg.mismatch_weight == "sequence_product":
-        diag.add_mean("mismatch/bounded_frac", float(correction.bounded.sum()), responses)
+        diag.add_mean("mismatch/bounded_frac", correction.bounded.sum().double(), responses)
 
 
 def _ratio_diagnostics(
@@ -208,25 +209,26 @@ def _ratio_diagnostics(
     else:
         weights = valid / float(max(counts.tokens, 1))
 
-    def share(values: Tensor) -> float:
-        return (values.double() * weights).sum().item()
+    def share(values: Tensor) -> Tensor:
+        return (values.double() * weights).sum()
 
     diag.add("clip/low_frac", share(surr.clipped_low))
     diag.add("clip/high_frac", share(surr.clipped_high))
     diag.add("clip/dual_frac", share(surr.dual_clipped))
     diag.add("ratio/mean", share(surr.ratio))
-    if valid.any():
-        diag.low("ratio/min", surr.ratio[valid].min().item())
-        diag.high("ratio/max", surr.ratio[valid].max().item())
+    ratio = surr.ratio.detach()
+    diag.low("ratio/min", ratio.masked_fill(~valid, math.inf).amin())
+    diag.high("ratio/max", ratio.masked_fill(~valid, -math.inf).amax())
 
     # Sequence-level spread, whatever the ratio unit: std over responses of s_i, and the mean
     # over responses of the std of each response's token log-ratios.
     responses = max(counts.responses, 1)
     log_r = token_log_ratio(batch.logp.detach(), batch.old_logp, batch.response_mask).double()
     seq_log = sequence_log_ratio(batch.logp.detach(), batch.old_logp, batch.response_mask)
-    shifted = seq_log.double()[has_tokens].exp() - 1.0  # shift by 1: no cancellation near s=1
-    diag.add_std("ratio/seq_std", shifted.sum().item() / responses,
-                 shifted.square().sum().item() / responses)
+    # shift by 1: no cancellation near s=1
+    shifted = torch.where(has_tokens, seq_log.double().exp() - 1.0, 0.0)
+    diag.add_std("ratio/seq_std", shifted.sum() / responses, shifted.square().sum() / responses)
     centred = (log_r - seq_log.double().unsqueeze(1)).masked_fill(~valid, 0.0)
     per_response_std = (centred.square().sum(dim=1) / lengths).sqrt()
-    diag.add("ratio/token_logratio_std", per_response_std[has_tokens].sum().item() / responses)
+    diag.add("ratio/token_logratio_std",
+             torch.where(has_tokens, per_response_std, 0.0).sum() / responses)

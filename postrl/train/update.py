@@ -10,7 +10,6 @@ of all replicas merge into the metrics of the whole batch.
 from __future__ import annotations
 
 import dataclasses
-import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -130,8 +129,8 @@ class RoundResult:
     value loss, and what every replica agrees on (gradient norm, skipped updates)."""
 
     diagnostics: Diagnostics
-    value_loss: float | None = None  # None without a critic
-    value_clip: float | None = None
+    value_loss: float | Tensor | None = None  # None without a critic
+    value_clip: float | Tensor | None = None
     grad_norm: float | None = None  # None when the policy is not trained (critic warm-up)
     skipped: bool = False
 
@@ -291,28 +290,40 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
     models.optimizer.zero_grad(set_to_none=True)
     if models.critic_optimizer is not None:
         models.critic_optimizer.zero_grad(set_to_none=True)
-    finite = [True, True]  # policy, critic
+    finite: list[bool | Tensor] = [True, True]  # policy, critic; read once, at the step's end
     arrange = prompt_grouped if settings.share_prompts else length_sorted
     trained, scored, unscored = _gradient_split(rows, batch, loss_cfg, models, settings, replica)
     micros = replica_micro_batches(trained, replica.rank, replica.size,
                                    settings.micro_batch_size,
                                    order=lambda share: arrange(share, batch),
                                    equal_counts=replica.forwards_must_match)
-    micros = [(micro, weight, True) for micro, weight in micros] + [
-        (micro, 1.0, False) for micro in torch.split(arrange(scored, batch),
-                                                     settings.micro_batch_size) if len(micro)]
+    # forward-only rows first: gradients synchronise on the last micro-batch, which must run
+    # a backward (FSDP2 reduce-scatters there; after it, a gradient-free forward would leave
+    # the root's sharded gradients unset, and AdamW would skip those weights)
+    micros = [(micro, 1.0, False) for micro in torch.split(arrange(scored, batch),
+                                                          settings.micro_batch_size)
+              if len(micro)] + [(micro, weight, True) for micro, weight in micros]
     # one autocast region per minibatch: its cache casts each weight to bf16 once, not once
     # per micro-batch (the weights only change at the optimizer step)
     with autocast(settings.precision, torch.device(settings.device).type):
+        forward_only: list[Diagnostics] = []  # summed after the trained rows', as always
         for index, (micro, weight, backward) in enumerate(micros):
+            into = result if backward else RoundResult(Diagnostics())
             with replica.accumulating(last=index == len(micros) - 1):
                 micro_finite = _micro_step(models, batch, micro, weight * replica.size, recipe,
-                                           loss_cfg, counts, settings, result, backward)
-            finite = [a and b for a, b in zip(finite, micro_finite, strict=True)]
+                                           loss_cfg, counts, settings, into, backward)
+            finite = [a & b for a, b in zip(finite, micro_finite, strict=True)]
+            if not backward:
+                forward_only.append(into.diagnostics)
+    for diagnostics in forward_only:
+        result.diagnostics = result.diagnostics.merge(diagnostics)
     if len(unscored):
         result.diagnostics = result.diagnostics.merge(
             unscored_diagnostics(batch, unscored, loss_cfg, counts))
-    policy_finite, critic_finite = replica.all_true(finite)
+    _read_on_host(result)
+    policy_finite, critic_finite = replica.all_true(
+        [bool(f) for f in torch.stack([torch.as_tensor(f, device=settings.device)
+                                       for f in finite]).tolist()])
     if settings.train_policy:
         norm = clip_gradients(models.trained_parameters(),
                               settings.max_grad_norm or float("inf"))
@@ -336,6 +347,14 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
             models.critic_optimizer.zero_grad(set_to_none=True)
             result.skipped = True
     return result
+
+
+def _read_on_host(result: RoundResult) -> None:
+    """The step's statistics, kept as tensors through its micro-batches, read once."""
+    result.diagnostics = result.diagnostics.resolved()
+    if result.value_loss is not None:
+        result.value_loss, result.value_clip = (float(v) for v in (result.value_loss,
+                                                                     result.value_clip))
 
 
 def _gradient_split(rows: Tensor, batch: TrainBatch, loss_cfg: PolicyLossConfig,
@@ -405,7 +424,7 @@ def unscored_diagnostics(batch: TrainBatch, rows: Tensor, loss_cfg: PolicyLossCo
 def _micro_step(models: Trainable, batch: TrainBatch, micro: Tensor, scale: float,
                 recipe: Recipe, loss_cfg: PolicyLossConfig, counts: BatchCounts,
                 settings: UpdateSettings, result: RoundResult,
-                backward: bool = True) -> tuple[bool, bool]:
+                backward: bool = True) -> tuple[bool | Tensor, bool | Tensor]:
     """Forward and backward of one micro-batch, its shares added to ``result``. ``scale`` is
     the number of replicas (DDP averages their gradients: this turns the average back into
     the sum of the shares), or 0 for a replica's weight-0 row. Without ``backward`` (rows
@@ -413,7 +432,7 @@ def _micro_step(models: Trainable, batch: TrainBatch, micro: Tensor, scale: floa
     diagnostics. Returns whether the policy and the critic losses were finite."""
     need_entropy_grad = loss_cfg.entropy_coef > 0 or (
         loss_cfg.ratio == "hybrid" and loss_cfg.hybrid_mixing == "entropy")
-    sequences = _on(batch.sequences(micro, settings.pad_id), settings.device)
+    sequences = batch.sequences(micro, settings.pad_id).to(settings.device)
     width = sequences.input_ids.shape[1] - sequences.prompt_width
     mask = batch.response_mask[micro, :width].to(settings.device)
     policy_finite = critic_finite = True
@@ -429,19 +448,11 @@ def _micro_step(models: Trainable, batch: TrainBatch, micro: Tensor, scale: floa
             value, clip_share = _critic_micro_step(models.critic, sequences, batch, micro,
                                                    width, mask, recipe, loss_cfg, counts,
                                                    settings.device, scale)
-        critic_finite = math.isfinite(value)
+        critic_finite = torch.isfinite(value)
         if scale:
             result.value_loss += value
             result.value_clip += clip_share
     return policy_finite, critic_finite
-
-
-def _on(sequences: SequenceBatch, device: str) -> SequenceBatch:
-    if device == "cpu":
-        return sequences
-    return dataclasses.replace(sequences, input_ids=sequences.input_ids.to(device),
-                               attention_mask=sequences.attention_mask.to(device),
-                               position_ids=sequences.position_ids.to(device))
 
 
 def _rows(tensor: Tensor | None, micro: Tensor, width: int, device: str) -> Tensor | None:
@@ -451,7 +462,7 @@ def _rows(tensor: Tensor | None, micro: Tensor, width: int, device: str) -> Tens
 def _policy_micro_step(policy, sequences, batch: TrainBatch, micro: Tensor, width: int,
                        mask: Tensor, loss_cfg: PolicyLossConfig, counts: BatchCounts,
                        settings: UpdateSettings, need_entropy_grad: bool,
-                       scale: float, backward: bool = True) -> tuple[Diagnostics, bool]:
+                       scale: float, backward: bool = True) -> tuple[Diagnostics, Tensor]:
     logp, entropy = policy(sequences, settings.temperature, need_entropy_grad)
     old = _rows(batch.old_logp, micro, width, settings.device)
     ref = _rows(batch.ref_logp, micro, width, settings.device)
@@ -463,12 +474,12 @@ def _policy_micro_step(policy, sequences, batch: TrainBatch, micro: Tensor, widt
     # the gradient all-reduce; the non-finite step is then skipped by every replica
     if backward:
         (out.loss * scale).backward()
-    return out.diagnostics, bool(torch.isfinite(out.loss))
+    return out.diagnostics, torch.isfinite(out.loss.detach())
 
 
 def _critic_micro_step(critic, sequences, batch: TrainBatch, micro: Tensor, width: int,
                        mask: Tensor, recipe: Recipe, loss_cfg: PolicyLossConfig,
-                       counts: BatchCounts, device: str, scale: float) -> tuple[float, float]:
+                       counts: BatchCounts, device: str, scale: float) -> tuple[Tensor, Tensor]:
     """PPO's clipped value loss (ALGORITHMS.md §5), aggregated like the policy loss."""
     values = critic(sequences)
     per_token, clipped = clipped_value_loss(values, _rows(batch.old_values, micro, width, device),
@@ -477,4 +488,4 @@ def _critic_micro_step(critic, sequences, batch: TrainBatch, micro: Tensor, widt
     loss = aggregate(per_token, mask, loss_cfg.aggregation, counts, loss_cfg.norm_constant)
     (recipe.vf_coef * loss * scale).backward()
     clip_share = aggregate(clipped.float(), mask, "token_mean", counts)
-    return float(loss.detach()), float(clip_share)
+    return loss.detach().double(), clip_share.double()  # summed in float64, as floats were
