@@ -129,6 +129,11 @@ def cases(tmp: Path, earlier: Path):
         ("top-p", train("top_p=1.5"), "top_p must be in (0, 1]"),
         ("group-of-one", train("group_size=1"), "group_size >= 2"),
         ("precision", train("precision=fp16"), "precision must be one of"),
+        ("device", train("device=gpu"), "device='gpu' is not one of auto, cpu, cuda"),
+        # no GPU here, or fewer than 8 where there is one: either way the option is named
+        ("device-cuda", train("device=cuda:7"), "device=cuda:7"),
+        ("vllm-memory", train("vllm_gpu_memory_utilization=1.5"),
+         "vllm_gpu_memory_utilization must be in (0, 1]"),
         ("launcher", train("launcher=slurm"), "launcher='slurm' is not one of"),
         ("gae-no-critic", train("recipe_options.advantage=gae"), "needs a learned value"),
         ("dual-clip", train("recipe_options.dual_clip=0.5"), "dual_clip c must be > 1"),
@@ -236,7 +241,7 @@ def cases(tmp: Path, earlier: Path):
     ]
 
 
-CORPUS_SIZE = 91
+CORPUS_SIZE = 94
 
 
 def test_corpus_has_at_least_eighty_cases(tmp_path, earlier_run):

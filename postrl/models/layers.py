@@ -296,6 +296,22 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return fused.rotate(x, cos, sin)
 
 
+# where SDPA attends: on a CPU, plain matmul-softmax trains faster at RL lengths
+FUSED_ATTENTION_DEVICES = ("cuda",)
+
+
+def fused_attention(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor,
+                    scale: float) -> Tensor:
+    """:func:`_attend` by PyTorch's fused attention (SDPA: flash-style kernels on a GPU, which
+    never hold the ``[L, T]`` scores). The bias in the queries' dtype: masked columns at that
+    dtype's lowest finite value, so a row with none allowed (left padding) stays finite."""
+    rows, heads, width, dim = query.shape
+    mask = bias.to(query.dtype).clamp(min=torch.finfo(query.dtype).min)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != heads)
+    return out.transpose(1, 2).reshape(rows, width, heads * dim)
+
+
 def _attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: float) -> Tensor:
     """``[B, L, heads * d]``: ``query [B, heads, L, d]`` over ``keys`` and ``values [B,
     kv_heads, T, d]``, the scores times ``scale``; query head ``h`` reads key/value head
@@ -305,6 +321,8 @@ def _attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: fl
     (``postrl.models.tile_attention``)."""
     if tile_attention.serves(query, keys, values, bias):
         return tile_attention.attention(query, keys, values, bias, scale)
+    if query.device.type in FUSED_ATTENTION_DEVICES:
+        return fused_attention(query, keys, values, bias, scale)
     rows, heads, width, dim = query.shape
     kv_heads, columns = keys.shape[1], keys.shape[2]
     group = heads // kv_heads

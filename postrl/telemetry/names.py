@@ -94,6 +94,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("time/eval_s", "s", "seconds spent on held-out evaluation this step (not in step_s)"),
     Metric("time/step_s", "s", "wall-clock seconds of the whole step"),
     Metric("throughput/tokens_per_s", "tokens/s", "generated tokens this step / step seconds"),
+    Metric("memory/peak_gb", "GB", "peak memory: on a GPU, PyTorch's allocations during this step; on the CPU, the process's resident memory since it started"),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}

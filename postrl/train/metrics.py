@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import resource
 import statistics
+import sys
 from typing import TYPE_CHECKING
+
+import torch
 
 from postrl.train.batch import TrainBatch
 from postrl.train.sampling import Collected
@@ -14,6 +18,15 @@ if TYPE_CHECKING:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """On a GPU, the most memory PyTorch held there during this step (the trainer resets the
+    peak at each step's start); on the CPU, this process's peak resident memory so far."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
 
 
 def step_metrics(trainer: Trainer, collected: Collected, batch: TrainBatch | None,
@@ -48,6 +61,7 @@ def step_metrics(trainer: Trainer, collected: Collected, batch: TrainBatch | Non
         "time/train_s": timings["train"],
         "time/step_s": step_seconds,
         "throughput/tokens_per_s": collected.tokens_generated / max(step_seconds, 1e-9),
+        "memory/peak_gb": peak_memory_gb(trainer.device),
     }
     for name in kept[0].per_function if kept else ():
         values = [v for g in kept for v in g.per_function[name] if v is not None]

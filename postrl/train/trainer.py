@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from postrl.config import TrainConfig
+from postrl.devices import resolve_device
 from postrl.errors import DataError, PostRLError
 from postrl.models import load_policy
 from postrl.models.logprobs import response_logprobs
@@ -87,7 +88,8 @@ class Trainer:
         self.recipe = cfg.build_recipe()
         self.loss_cfg = self.recipe.policy_loss_config(cfg.max_new_tokens)
         configure_process(cfg.threads, cfg.reuse_freed_memory)
-        if cfg.launcher == "local" or not cfg.worker_gpus:  # every matmul on this CPU
+        self.device = resolve_device(cfg.device)
+        if self.device.type == "cpu" and (cfg.launcher == "local" or not cfg.worker_gpus):
             slow = precision_warning(cfg.precision)
             if slow:
                 warnings.warn(slow, stacklevel=2)
@@ -126,6 +128,7 @@ class Trainer:
         check_sinks(cfg.report_to)
         self.checkpoint = checkpoint_to_resume(cfg) if cfg.resume != "no" else None
         model, self.tokenizer = load_trained_policy(cfg)
+        on_device(model, self.device)  # before the reference, critic and optimizer copy it
         self.policy = model
         self.lm = causal_lm(model)
         self.reference = ReferencePolicy(model) if self.recipe.needs_reference else None
@@ -238,6 +241,8 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
         started = time.perf_counter()
+        if self.device.type == "cuda":  # memory/peak_gb is this step's
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.reward_errors = 0
         collected = collect(lambda r: self._generate_round(r, timings), self.cfg.prompts_per_step,
                             self.recipe.dynamic_sampling, self.recipe.max_sampling_rounds)
@@ -360,9 +365,11 @@ class Trainer:
         kl_in_reward = self.recipe.needs_reference and self.recipe.kl_placement == "reward"
         parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "values": []}
         for micro in torch.split(rows, self.cfg.micro_batch_size):
-            self._prepare_micro(batch.sequences(micro, self.engine.pad_id), parts, kl_in_reward)
-        width = batch.response_ids.shape[1]
-        stacked = {k: cat_right_padded(v, width=width) for k, v in parts.items() if v}
+            self._prepare_micro(batch.sequences(micro, self.engine.pad_id).to(self.device),
+                                parts, kl_in_reward)
+        width = batch.response_ids.shape[1]  # the batch stays on the CPU
+        stacked = {k: cat_right_padded([t.cpu() for t in v], width=width)
+                   for k, v in parts.items() if v}
         batch.old_logp = stacked.get("old") if self.cfg.updates_per_batch > 1 else None
         batch.ref_logp = stacked.get("ref")
         batch.old_values = stacked.get("values")
@@ -372,11 +379,12 @@ class Trainer:
     def _prepare_micro(self, sequences, parts: dict[str, list[torch.Tensor]],
                        kl_in_reward: bool) -> None:
         temperature, precision = self.cfg.temperature, self.cfg.precision
+        device_type = self.device.type  # the update's device and precision: first ratios are 1
         if self.cfg.updates_per_batch > 1 or kl_in_reward:  # as the update will score them
-            with autocast(precision):
+            with autocast(precision, device_type):
                 parts["old"].append(response_logprobs(self.scoring_lm, sequences,
                                                       temperature)[0])
-        with float32_module_autocast(precision):  # the reference and the critic
+        with float32_module_autocast(precision, device_type):  # the reference and the critic
             if self.reference is not None:
                 parts["ref"].append(self.reference.logprobs(sequences, temperature,
                                                             self.cfg.micro_batch_size))
@@ -394,7 +402,7 @@ class Trainer:
             epochs=self.cfg.epochs, minibatches=self.cfg.minibatches,
             micro_batch_size=self.cfg.micro_batch_size, temperature=self.cfg.temperature,
             max_grad_norm=self.cfg.max_grad_norm, pad_id=self.engine.pad_id,
-            precision=self.cfg.precision,
+            precision=self.cfg.precision, device=str(self.device),
             train_policy=self.step >= self.cfg.critic_warmup_steps or self.critic is None)
         # the plan (which rows make each optimizer step) is drawn here, whatever the workers
         plan = update_plan(batch.rows, settings.epochs, settings.minibatches,
@@ -432,6 +440,14 @@ class Trainer:
                              "length": int(group.rollouts.lengths[j]),
                              "finish_reason": group.rollouts.finish_reasons[j]})
         self.run.append_samples(self.step, rows)
+
+
+def on_device(model: torch.nn.Module, device: torch.device) -> None:
+    """Move ``model`` to ``device``; on a GPU its transformers forward (the sampler's there)
+    uses PyTorch's fused attention (SDPA) instead of the CPU's plain matmul-softmax."""
+    model.to(device)
+    if device.type == "cuda":
+        causal_lm(model).set_attn_implementation("sdpa")
 
 
 def records_entropies(cfg: TrainConfig, recipe: Recipe) -> bool:

@@ -149,3 +149,23 @@ def test_torch_compile_option_reaches_the_training_forward(tiny, monkeypatch, tm
                              f"out={tmp_path / 'run'}", "torch_compile=true"])
     row = Trainer(cfg).train_step()
     assert calls and math.isfinite(row["loss/policy"])
+
+
+@pytest.mark.parametrize("share_prompts", [True, False], ids=["shared", "distinct-prompts"])
+def test_fused_attention_gives_transformers_logprobs_and_gradients(tiny, monkeypatch,
+                                                                   share_prompts):
+    """On a GPU the own layers attend by SDPA (``fused_attention``); forced here on the CPU,
+    where grouped heads and fully masked rows (left padding) are the same as elsewhere."""
+    model, tokenizer = tiny
+    batch = shared_batch(tokenizer, share_prompts)
+    theirs = scored(model, batch, monkeypatch, own_layers=False)
+    calls = []
+    real = layers.fused_attention
+    monkeypatch.setattr(layers, "FUSED_ATTENTION_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(layers, "fused_attention", lambda *a: calls.append(1) or real(*a))
+    ours = scored(model, batch, monkeypatch, own_layers=True)
+    assert calls
+    torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours[1], theirs[1], atol=1e-5, rtol=0)
+    for name, grad in ours[2].items():
+        torch.testing.assert_close(grad, theirs[2][name], atol=1e-5, rtol=1e-4, msg=name)
