@@ -26,7 +26,7 @@ from postrl.distributed.failures import gather
 from postrl.distributed.placement import Placement, plan_placement
 from postrl.distributed.rollout import RolloutPool, RolloutWorker
 from postrl.distributed.training import TrainGroup, TrainWorker, adopt_state
-from postrl.distributed.weights import load_trainable
+from postrl.distributed.weights import load_trainable, to_cpu
 from postrl.errors import ConfigError
 from postrl.train.update import RoundResult, UpdateSettings
 
@@ -169,7 +169,7 @@ def start_cluster(trainer) -> Cluster:
         threads = cfg.threads or max(1, int(cpus))
         group, rollout_options, train_options = place(plan, cpus, cfg.worker_gpus,
                                                       rollout_workers, train_workers)
-        policy_state = ray.put(trainer.lm.state_dict())
+        policy_state = ray.put(to_cpu(trainer.lm.state_dict()))  # the driver may be on a GPU
         rollout_actor, train_actor = ray.remote(RolloutWorker), ray.remote(TrainWorker)
         rollout = [rollout_actor.options(**options).remote(
                        cfg, policy_state, threads, f"rollout worker {i + 1}/{rollout_workers}")
@@ -184,10 +184,10 @@ def start_cluster(trainer) -> Cluster:
                           trainers, trainer.lm, trainer.critic, owns_ray,
                           placement_group=group)
         cluster.trainers.join(ray.put({
-            "policy": trainer.lm.state_dict(),
-            "critic": trainer.critic.state_dict() if trainer.critic else None,
-            "optimizer": trainer.optimizer.state_dict(),
-            "critic_optimizer": (trainer.critic_optimizer.state_dict()
+            "policy": to_cpu(trainer.lm.state_dict()),
+            "critic": to_cpu(trainer.critic.state_dict()) if trainer.critic else None,
+            "optimizer": to_cpu(trainer.optimizer.state_dict()),
+            "critic_optimizer": (to_cpu(trainer.critic_optimizer.state_dict())
                                  if trainer.critic_optimizer else None)}))
         names = cluster.rollout.names + cluster.trainers.names
         labels = gather([a.device_name.remote() for a in actors], names, hint)  # all up

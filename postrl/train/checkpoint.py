@@ -110,4 +110,6 @@ def latest_valid(root: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path / STATE, weights_only=False)
+    """A checkpoint's state on the CPU, wherever it was saved (a GPU run resumes anywhere);
+    ``load_state_dict`` then copies each tensor to its module's or parameter's device."""
+    return torch.load(path / STATE, weights_only=False, map_location="cpu")
