@@ -3,7 +3,8 @@
 #   preflight   torch sees a GPU; the SmolLM2 tokenizer is found
 #   pytest      the CUDA tests, and the Ray actors' bodies driven directly, without Ray:
 #               tests/train/test_cuda.py, tests/distributed/test_cuda_workers.py, ... (below)
-#   tiny-*      `device=cuda` local training on the tiny model, fp32 / bf16 / bf16-master
+#   tiny-*      `device=cuda` local training on the tiny model, fp32 / bf16 / bf16-master,
+#               and PPO (a critic) in bf16-master
 #   smollm2-*   the same on a randomly initialised SmolLM2-135M-shaped model, 64 and 256 tokens
 #   ray-*       only where Ray imports: launcher=ray with 1+1 actors sharing the GPU
 # Every stage runs under its own `timeout`, and none starts past the whole check's budget
@@ -92,6 +93,9 @@ for precision in fp32 bf16 bf16-master; do
     stage "tiny-$precision" 90 python3 bench/gpu_train.py --model tiny --precision "$precision" \
         --device "$DEVICE" --steps 4 --out "$LOGS/tiny-$precision"
 done
+
+stage "tiny-ppo-bf16-master" 90 python3 bench/gpu_train.py --model tiny --recipe ppo \
+    --precision bf16-master --device "$DEVICE" --steps 4 --out "$LOGS/tiny-ppo-bf16-master"
 
 stage pytest 240 python3 -m pytest -q -rs -p no:cacheprovider \
     tests/train/test_cuda.py tests/distributed/test_cuda_workers.py \

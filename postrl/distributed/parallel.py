@@ -74,11 +74,16 @@ def replicate(module: nn.Module) -> DistributedDataParallel:
 def shard(module: nn.Module, layers: list[nn.Module]) -> nn.Module:
     """FSDP2 over ``module``: each of ``layers`` (the decoder layers) sharded on its own, then
     the root with what is left. The parameters become DTensors in place."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # a mesh of the parameters' device type: left to itself, FSDP2 meshes over CUDA whenever
+    # the machine has a GPU, and CPU shards over gloo then crash
+    device = next(module.parameters()).device
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(module)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(module, mesh=mesh)
     return module
 
 

@@ -74,7 +74,7 @@ class ValueModel(nn.Module):
         super().__init__()
         lm = causal_lm(policy)
         self.backbone = copy.deepcopy(lm.model).requires_grad_(True)
-        self.head = nn.Linear(lm.config.hidden_size, 1)
+        self.head = nn.Linear(lm.config.hidden_size, 1, device=lm.device)  # beside the backbone
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 

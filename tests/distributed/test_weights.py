@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from postrl.config import load_config
+from postrl.config import TrainConfig
 from postrl.distributed.broadcast import (
     WeightChannel,
     choose_backend,
@@ -31,7 +31,12 @@ from postrl.distributed.weights import (
 )
 from postrl.errors import ConfigError
 
-BASE = ["model=tiny", "prompts_per_step=2", "group_size=4", "max_new_tokens=4", "launcher=ray"]
+
+
+def ray_config(worker_gpus: float) -> TrainConfig:
+    """Built directly: validating launcher=ray would need Ray, which gpu_check.sh's GPU
+    machine lacks."""
+    return TrainConfig(model="tiny", launcher="ray", worker_gpus=worker_gpus)
 
 
 @pytest.mark.parametrize("gpus, cuda, device", [("0", True, "cpu"), ("0", False, "cpu"),
@@ -39,8 +44,7 @@ BASE = ["model=tiny", "prompts_per_step=2", "group_size=4", "max_new_tokens=4", 
 def test_an_actor_uses_its_gpu_when_it_reserved_one(monkeypatch, gpus, cuda, device):
     monkeypatch.setattr("torch.cuda.is_available", lambda: cuda)
     monkeypatch.setattr("torch.cuda.current_device", lambda: 0)  # Ray: CUDA_VISIBLE_DEVICES
-    assert worker_device(load_config(None, [*BASE, f"worker_gpus={gpus}"])) == torch.device(
-        device)
+    assert worker_device(ray_config(float(gpus))) == torch.device(device)
 
 
 @pytest.mark.parametrize("cuda_build, visible, why", [
@@ -55,7 +59,7 @@ def test_an_actor_that_reserved_a_gpu_torch_cannot_see_is_an_error(monkeypatch, 
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    cfg = load_config(None, [*BASE, "worker_gpus=0.5"])
+    cfg = ray_config(0.5)
     with pytest.raises(ConfigError, match=rf"^worker_gpus=0.5: train worker 2/2 reserved a GPU, "
                                           rf"but torch in that actor sees no CUDA GPU \({why}\); "
                                           r"check .*CUDA_VISIBLE_DEVICES.* or set worker_gpus=0$"):
