@@ -32,7 +32,6 @@ from postrl.distributed.weights import (
 from postrl.errors import ConfigError
 
 
-
 def ray_config(worker_gpus: float) -> TrainConfig:
     """Built directly: validating launcher=ray would need Ray, which gpu_check.sh's GPU
     machine lacks."""
