@@ -25,8 +25,10 @@ ALWAYS = {
 
 def tiny_config(tmp_path, recipe: str, *extra: str):
     return load_config(None, [
-        f"recipe={recipe}", "model=tiny", "task=arithmetic", "steps=3", "prompts_per_step=2",
-        "group_size=4", "max_new_tokens=12", f"out={tmp_path / recipe}", "lr=1e-3", "quiet=true",
+        # the CPU even where a GPU is (device=auto would pick it); extra options may override
+        "device=cpu", f"recipe={recipe}", "model=tiny", "task=arithmetic", "steps=3",
+        "prompts_per_step=2", "group_size=4", "max_new_tokens=12", f"out={tmp_path / recipe}",
+        "lr=1e-3", "quiet=true",
         f"rewards=[{REWARDS}:length_parity]", "micro_batch_size=3", *extra,
     ])
 
