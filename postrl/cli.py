@@ -1,6 +1,6 @@
 """The ``postrl`` command.
 
-Subcommands: train, eval, compare, ladder, replay, report, diagnose, recipes, explain.
+Subcommands: train, eval, compare, ladder, replay, report, diagnose, recipes, explain, options.
 
 Errors a user can fix (``PostRLError``) are printed without a traceback.
 """
@@ -8,13 +8,14 @@ Errors a user can fix (``PostRLError``) are printed without a traceback.
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 
 from rich.console import Console
 from rich.table import Table
 
-from postrl.cliargs import accept_intermixed
+from postrl.cliargs import accept_intermixed, append_to_help
 from postrl.components import COMPONENTS, TABLE_COLUMNS, differing, markdown_table, summary_row
 from postrl.errors import PostRLError
 from postrl.recipes import CORE, PRESETS, get_recipe
@@ -63,6 +64,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"    from:    {component.source(recipe)}")
         print(f"    formula: {component.formula(recipe)}")
     return 0
+
+
+def cmd_options(args: argparse.Namespace) -> int:
+    from postrl.options_docs import render_text
+
+    print(render_text(args.recipe, args.pattern, width=_help_width()), end="")
+    return 0
+
+
+def _help_width() -> int:
+    return min(shutil.get_terminal_size((100, 24)).columns, 100)
+
+
+def _options_listing() -> str:
+    from postrl.options_docs import render_text
+
+    return "\n" + render_text(width=_help_width())
 
 
 TRAIN_FLAGS = ("recipe", "model", "task", "steps", "out", "seed")
@@ -129,6 +147,7 @@ def _add_experiment_commands(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from postrl.config import TrainConfig
     from postrl.train.evaluate import add_eval_arguments
 
     parser = argparse.ArgumentParser(
@@ -146,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", metavar="key=value",
                        help="any TrainConfig option; dotted for groups (lora.r=8)")
     accept_intermixed(train)  # `train --steps 3 lr=1e-5`: overrides may follow flags
+    append_to_help(train, _options_listing)  # `train --help` lists every option after its flags
     train.set_defaults(func=cmd_train)
     evaluate = sub.add_parser("eval", help="pass@1 (greedy) and unbiased pass@k on a task")
     add_eval_arguments(evaluate)
@@ -159,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("recipe")
     explain.add_argument("--vs", metavar="OTHER", help="list only the components that differ")
     explain.set_defaults(func=cmd_explain)
+    options = sub.add_parser("options", help="every option of postrl train: type, default, help")
+    options.add_argument("pattern", nargs="?", help="only the options whose name contains this")
+    options.add_argument("--recipe", metavar="NAME", help="the recipe components as this preset "
+                         f"sets them (default: {TrainConfig.recipe})")
+    options.set_defaults(func=cmd_options)
     return parser
 
 

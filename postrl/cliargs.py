@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 
 def accept_intermixed(parser: argparse.ArgumentParser) -> None:
@@ -18,3 +19,13 @@ def accept_intermixed(parser: argparse.ArgumentParser) -> None:
         return namespace, [e for e in extras if e.startswith("-")]
 
     parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+def append_to_help(parser: argparse.ArgumentParser, text: Callable[[], str]) -> None:
+    """Print ``text()`` after the parser's own help (built only when help is asked for)."""
+    original = parser.format_help
+
+    def format_help() -> str:
+        return original() + text()
+
+    parser.format_help = format_help  # type: ignore[method-assign]

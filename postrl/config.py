@@ -13,7 +13,7 @@ import difflib
 import re
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import yaml
 from postrl.config_checks import validate
 from postrl.config_paths import resolve_paths
 from postrl.errors import ConfigError
+from postrl.options import opt
 from postrl.recipes import Recipe, get_recipe
 
 
@@ -29,98 +30,150 @@ from postrl.recipes import Recipe, get_recipe
 class LoraConfig:
     """LoRA adapters through peft; ``r = 0`` trains all weights."""
 
-    r: int = 0
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
-    )
+    r: int = opt(0, "rank of the LoRA adapters; 0 trains all weights instead")
+    alpha: int = opt(16, "LoRA's scale numerator: the adapters' update is scaled by alpha / r")
+    dropout: float = opt(0.0, "dropout probability on the adapters' input, in [0, 1)")
+    target_modules: list[str] = opt(
+        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        doc="names of the linear layers that get adapters")
 
 
 @dataclass
 class TrainConfig:
     # what is trained, on what
-    recipe: str = "grpo"
-    recipe_options: dict[str, Any] = field(default_factory=dict)
-    model: str = "smollm2-135m-instruct"
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    task: str = "arithmetic"
-    task_options: dict[str, Any] = field(default_factory=dict)
-    system_prompt: str | None = None
-    rewards: list[Any] = field(default_factory=list)  # names/specs or {fn, weight}; [] = task's
+    recipe: str = opt("grpo", "the preset whose components are trained: ppo, grpo, dr_grpo, "
+                      "dapo, gspo, dhpo or an extra (postrl recipes --all)")
+    recipe_options: dict[str, Any] = opt(
+        factory=dict, doc="changes to the recipe's components, e.g. recipe_options.clip_high=0.28 "
+        "(each listed as recipe_options.<name>)")
+    model: str = opt("smollm2-135m-instruct", "the policy: smollm2-135m-instruct, tiny (a small "
+                     "randomly initialised test model) or a local Hugging Face model directory")
+    lora: LoraConfig = opt(factory=LoraConfig, doc="LoRA adapters trained instead of all "
+                           "weights (the lora.* options)")
+    task: str = opt("arithmetic", "the prompts and their verifier: arithmetic, countdown, "
+                    "gsm8k:PATH, jsonl:PATH, parquet:PATH or a saved datasets directory")
+    task_options: dict[str, Any] = opt(
+        factory=dict, doc="the task's own options, e.g. task_options.digits=2 for arithmetic; "
+        "every task takes seed and test_fraction")
+    system_prompt: str | None = opt(None, "a system message before every prompt; null = none")
+    rewards: list[Any] = opt(
+        factory=list, doc="reward functions, summed: names, path/to/file.py:fn specs or "
+        "{fn, weight} mappings; [] = the task's own")
     # the schedule shared by every recipe of a comparison
-    prompts_per_step: int = 4
-    group_size: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 64
-    stop: list[str] = field(default_factory=list)
-    steps: int = 20
-    token_budget: int | None = None
-    lr: float = 1e-6
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    max_grad_norm: float | None = 1.0
-    precision: str = "fp32"  # bf16: autocast; bf16-master: bf16 working copy, float32 masters
-    sampler_precision: str | None = None  # the sampler's, when it differs from the update's
-    #   (fp32 and bf16 only): a sampler that is not the trainer, as vLLM in bf16 would be;
-    #   null = precision
-    torch_compile: bool = False  # compile the training forward's decoder layers (Llama-style
-    #   models; one graph for all layers, 25 s to 4 minutes once for SmolLM2 on 2 cores);
-    #   layers reading the sampler's record (below) run eagerly, which is faster
-    device: str = "auto"  # where this process's models, sampler and update run: "auto" (the
-    #   first CUDA GPU when torch sees one, else the CPU), "cpu", "cuda" or "cuda:N"; with
-    #   launcher=ray, the driver's own forwards (old and reference log-probs, evaluation)
-    reuse_sampler_forward: bool = True  # the update reads the linear outputs the sampler
-    #   computed instead of recomputing them (fp32 or bf16-master, one update per batch, one
-    #   process; the same step to float32 or bf16 rounding: postrl/models/recorded.py)
-    epochs: int = 1
-    minibatches: int = 1
-    micro_batch_size: int = 8
-    critic_lr: float = 1e-5
-    critic_warmup_steps: int = 0
+    prompts_per_step: int = opt(4, "prompts P sampled per step, each answered group_size "
+                                "times")
+    group_size: int = opt(8, "responses G sampled per prompt")
+    temperature: float = opt(1.0, "sampling temperature, > 0")
+    top_p: float = opt(1.0, "nucleus sampling: draw from the most likely tokens whose "
+                       "probabilities add up to top_p; 1 = off")
+    top_k: int = opt(0, "draw from the k most likely tokens only; 0 = off")
+    max_new_tokens: int = opt(64, "the longest response, in tokens (L_max); longer ones are "
+                              "truncated")
+    stop: list[str] = opt(factory=list, doc="strings that end a response; [] = only the "
+                          "end-of-sequence token")
+    steps: int = opt(20, "training steps, each one rollout batch and its updates; the run "
+                     "ends at steps or token_budget, whichever comes first")
+    token_budget: int | None = opt(None, "end the run once it has generated this many tokens "
+                                   "(a fair stopping rule for comparisons); null = no budget")
+    lr: float = opt(1e-6, "learning rate of the policy's AdamW optimizer")
+    lr_schedule: str = opt("constant", "the learning rate after warmup: constant, linear or "
+                           "cosine (both decay to 0 at steps)")
+    warmup_steps: int = opt(0, "steps of linear learning-rate warmup; 0 = none")
+    weight_decay: float = opt(0.0, "AdamW's decoupled weight decay")
+    adam_betas: list[float] = opt(factory=lambda: [0.9, 0.999],
+                                  doc="AdamW's beta1 and beta2, each in [0, 1)")
+    max_grad_norm: float | None = opt(1.0, "clip the gradient's global L2 norm to this; "
+                                      "null = no clipping")
+    # precision and speed
+    precision: str = opt("fp32", "the update's precision: fp32, bf16 (autocast) or "
+                         "bf16-master (a bf16 working copy over float32 master weights)")
+    sampler_precision: str | None = opt(
+        None, "the sampler's precision when it differs from the update's (fp32 or bf16 only): a "
+        "sampler that is not the trainer, as vLLM in bf16 would be; null = precision")
+    torch_compile: bool = opt(
+        False, "compile the training forward's decoder layers (Llama-style models; one graph for "
+        "all layers, 25 s to 4 minutes once for SmolLM2 on 2 cores); layers reading the "
+        "sampler's record run eagerly, which is faster")
+    device: str = opt(
+        "auto", "where this process's models, sampler and update run: auto (the first CUDA GPU "
+        "when torch sees one, else the CPU), cpu, cuda or cuda:N; with launcher=ray, the "
+        "driver's own forwards (old and reference log-probs, evaluation)")
+    reuse_sampler_forward: bool = opt(
+        True, "the update reads the linear outputs the sampler computed instead of recomputing "
+        "them (fp32 or bf16-master, one update per batch, one process; the same step to float32 "
+        "or bf16 rounding: postrl/models/recorded.py)")
+    # the schedule: updates on each batch
+    epochs: int = opt(1, "passes of updates over each rollout batch")
+    minibatches: int = opt(1, "optimizer steps per pass: the batch's responses split into "
+                           "this many minibatches")
+    micro_batch_size: int = opt(8, "responses per forward and backward; a minibatch's "
+                                "gradients add up over its micro-batches (memory, not "
+                                "results)")
+    critic_lr: float = opt(1e-5, "learning rate of the critic's AdamW optimizer (recipes "
+                           "with critic=true)")
+    critic_warmup_steps: int = opt(0, "first steps that train only the critic, not the "
+                                   "policy; 0 = none")
     # held-out evaluation during training, and frozen rollout batches for `postrl replay`
-    eval_every: int = 0  # steps; 0 = off
-    eval_n: int = 50  # held-out problems, greedy pass@1
-    save_rollouts_every: int = 0  # steps; 0 = off
+    eval_every: int = opt(0, "greedy pass@1 on held-out problems every N steps "
+                          "(eval/accuracy); 0 = off")
+    eval_n: int = opt(50, "held-out problems per evaluation, greedy pass@1")
+    save_rollouts_every: int = opt(0, "save the step's rollout batch for postrl replay every "
+                                   "N steps; 0 = off")
     # reliability (docs/reliability.md)
-    save_every: int = 0  # checkpoint every N steps and at the end; 0 = no checkpoints
-    keep_last: int = 2
-    resume: str = "no"  # "no", "auto" (newest valid checkpoint) or a checkpoint directory
-    max_skipped_steps: int = 3  # abort after this many non-finite steps in a row
-    reward_errors: str = "raise"  # or "zero": a failing reward scores 0, counted in reward/errors
-    reward_timeout_s: float | None = 60.0  # per reward function call on a batch
+    save_every: int = opt(0, "checkpoint every N steps and at the end; 0 = no checkpoints")
+    keep_last: int = opt(2, "checkpoints kept; older ones are deleted")
+    resume: str = opt("no", "no, auto (the newest valid checkpoint) or a checkpoint "
+                      "directory")
+    max_skipped_steps: int = opt(3, "abort after this many non-finite steps in a row (each "
+                                 "is skipped)")
+    reward_errors: str = opt("raise", "a failing reward function stops the run (raise) or "
+                             "scores 0 (zero), counted in reward/errors")
+    reward_timeout_s: float | None = opt(60.0, "time limit of one reward function call on a "
+                                         "batch, in seconds; null = none")
     # scaling out (docs/scaling.md): Ray actors for rollouts, DDP workers for updates
-    launcher: str = "local"  # "local" (this process does everything) or "ray"
-    rollout_workers: int = 1  # Ray actors generating the prompts of a round (contiguous slices)
-    train_workers: int = 1  # data-parallel trainer workers (one torch.distributed group)
-    rollout_backend: str = "hf"  # "hf" (transformers, CPU) or "vllm" (GPU, optional extra)
-    ray_address: str | None = None  # a running cluster ("auto", "ray://host:10001"); null
-    #   joins the Ray session of this process if there is one, else starts a local cluster
-    worker_cpus: float | None = None  # CPUs each actor reserves; null = an even share
-    worker_gpus: float = 0.0  # GPUs each actor reserves; > 0 trains on CUDA with NCCL
-    train_parallel: str = "ddp"  # "ddp" (full replicas) or "fsdp2" (sharded over the workers)
-    weight_sync: str = "auto"  # "object_store", "broadcast" (from train rank 0) or "auto":
-    #   broadcast when rank 0 and every rollout worker have a GPU of their own
+    launcher: str = opt("local", "local (this process does everything) or ray (rollout "
+                        "actors and trainer workers)")
+    rollout_workers: int = opt(1, "Ray actors generating the prompts of a round (contiguous "
+                               "slices)")
+    train_workers: int = opt(1, "data-parallel trainer workers (one torch.distributed group)")
+    rollout_backend: str = opt("hf", "hf (transformers, in this process or the Ray actors) "
+                               "or vllm (NVIDIA GPUs, optional extra)")
+    ray_address: str | None = opt(
+        None, "a running Ray cluster (auto, ray://host:10001); null joins the Ray session of "
+        "this process if there is one, else starts a local cluster")
+    worker_cpus: float | None = opt(None, "CPUs each Ray actor reserves; null = an even "
+                                    "share")
+    worker_gpus: float = opt(0.0, "GPUs each Ray actor reserves; > 0 trains on CUDA with "
+                             "NCCL")
+    train_parallel: str = opt("ddp", "ddp (full replicas) or fsdp2 (sharded over the "
+                              "trainer workers)")
+    weight_sync: str = opt(
+        "auto", "how new weights reach the rollout workers: object_store, broadcast (from "
+        "train rank 0) or auto (broadcast when rank 0 and every rollout worker have a GPU of "
+        "their own)")
     # vLLM (rollout_backend=vllm)
-    vllm_gpu_memory_utilization: float = 0.5  # share of the GPU's memory vLLM may take
-    #   (weights and KV cache); the rest is the trainer's when both share the GPU
-    vllm_max_model_len: int | None = None  # the longest sequence (prompt + response) vLLM
-    #   plans its KV cache for; null = the model's context
-    vllm_enforce_eager: bool = False  # no CUDA graphs: slower decoding, faster start, less memory
+    vllm_gpu_memory_utilization: float = opt(
+        0.5, "share of the GPU's memory vLLM may take (weights and KV cache), in (0, 1]; the "
+        "rest is the trainer's when both share the GPU")
+    vllm_max_model_len: int | None = opt(
+        None, "the longest sequence (prompt + response) vLLM plans its KV cache for, in tokens; "
+        "null = the model's context")
+    vllm_enforce_eager: bool = opt(False, "no CUDA graphs: slower decoding, faster start, "
+                                   "less memory")
     # the run
-    seed: int = 0
-    out: str | None = None  # default runs/<recipe>-<task>-s<seed>
-    overwrite: bool = False
-    log_samples: int = 4
-    report_to: list[str] = field(default_factory=list)
-    threads: int | None = None
-    reuse_freed_memory: bool = True  # glibc's malloc keeps freed memory for reuse instead of
-    #   returning it to the kernel: large tensors stop paying for fresh pages (postrl/process.py)
-    quiet: bool = False
+    seed: int = opt(0, "seed of the prompt order, sampling, initial weights and minibatch "
+                    "shuffles")
+    out: str | None = opt(None, "the run directory; null = runs/<recipe>-<task>-s<seed>")
+    overwrite: bool = opt(False, "replace an earlier run in the run directory, swapped only "
+                          "once the new run has started")
+    log_samples: int = opt(4, "completions per step written to samples.jsonl")
+    report_to: list[str] = opt(factory=list, doc="trackers beside metrics.jsonl: "
+                               "tensorboard, wandb, mlflow or trackio")
+    threads: int | None = opt(None, "PyTorch's CPU threads; null = one per CPU")
+    reuse_freed_memory: bool = opt(
+        True, "glibc's malloc keeps freed memory for reuse instead of returning it to the "
+        "kernel: large tensors stop paying for fresh pages (postrl/process.py)")
+    quiet: bool = opt(False, "print nothing while training (no progress bar or step lines)")
 
     @property
     def sampling_precision(self) -> str:

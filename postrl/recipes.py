@@ -16,6 +16,7 @@ from postrl.errors import ConfigError
 from postrl.objectives import AGGREGATIONS, RATIO_UNITS, PolicyLossConfig
 from postrl.objectives.mismatch import WEIGHT_MODES, WEIGHT_UNITS
 from postrl.objectives.policy_loss import NOT_PPO_CLIPPED
+from postrl.options import opt
 
 ADVANTAGES = ("group", "rloo", "gae", "reinforce_pp", "reinforce_pp_baseline")
 GROUP_ADVANTAGES = ("group", "rloo", "reinforce_pp_baseline")
@@ -43,52 +44,118 @@ class Recipe:
     comparison of recipes is a comparison of components only.
     """
 
-    name: str
+    name: str = opt(doc="the recipe's name in config.yaml and reports; a preset's own, or "
+                    "base(k=v) once recipe_options change it")
     # advantage (§1)
-    advantage: str = "group"
-    adv_scale: str = "group"
-    adv_std: str = "bessel"
-    adv_eps: float = 1e-6
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten_advantages: bool = True
+    advantage: str = opt(
+        "group", "the advantage estimator: group (GRPO, Shao et al. 2024 §4.1.2), rloo (RLOO, "
+        "Ahmadian et al. 2024 eq. 7), gae (needs critic; Schulman et al. 2015 eq. 16), "
+        "reinforce_pp or reinforce_pp_baseline (REINFORCE++, Hu 2025 §3 and §3.3)")
+    adv_scale: str = opt(
+        "group", "what divides the group-centred rewards: the group's std (group; GRPO, Shao et "
+        "al. 2024 §4.1.2), the batch's (batch; as TRL's scale_rewards='batch') or nothing "
+        "(none; Dr. GRPO, Liu et al. 2025 §3.1)")
+    adv_std: str = opt("bessel", "the std's divisor: bessel (G - 1, as TRL and verl) or "
+                       "population (G)")
+    adv_eps: float = opt(1e-6, "ε in A = (R - mean_g R) / (std + ε), in reward units (GRPO, "
+                         "Shao et al. 2024 §4.1.2)")
+    gamma: float = opt(1.0, "discount γ per token of GAE (Schulman et al. 2015 eq. 16) and of "
+                       "REINFORCE++'s return-to-go (Hu 2025 §3), in [0, 1]")
+    lam: float = opt(0.95, "GAE's λ, trading the advantage's bias for its variance "
+                     "(Schulman et al. 2015 eq. 16), in [0, 1]")
+    whiten_advantages: bool = opt(
+        True, "whiten gae and reinforce_pp advantages over the batch's valid tokens, "
+        "(x - mean) / sqrt(var + 1e-8) (REINFORCE++, Hu 2025 §3)")
     # importance ratio, clipping and surrogate (§2)
-    ratio: str = "token"
-    hybrid_mixing: str = "averaged"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    seq_clip_low: float = 3e-4
-    seq_clip_high: float = 4e-4
-    dual_clip: float | None = None
-    sapo_tau_pos: float = 1.0  # SAPO's soft-gate temperatures, A > 0 and A < 0
-    sapo_tau_neg: float = 1.05
+    ratio: str = opt(
+        "token", "the importance ratio's unit: token (PPO, Schulman et al. 2017 eq. 6), sequence "
+        "(GSPO, Zheng et al. 2025 eq. 7), sequence_token (GSPO eq. 13), hybrid (DHPO, Min et al. "
+        "2026), geometric (GMPO, Zhao et al. 2025 eq. 4), cispo (MiniMax-M1 2025 eq. 4), sapo "
+        "(Gao et al. 2025 eqs. 5-6), dppo_tv or dppo_kl (DPPO, Qi et al. 2026 eqs. 13 and 14)")
+    hybrid_mixing: str = opt(
+        "averaged", "the token ratio's weight w in ratio=hybrid: averaged (w = 1/2) or entropy "
+        "(the token's entropy, min-max normalised over its response); DHPO, Min et al. 2026, "
+        "as postrl reconstructs it (docs/recipes.md)")
+    clip_low: float = opt(
+        0.2, "lower clip range ε_low of the ratio, clipped below at 1 - ε_low (PPO, Schulman et "
+        "al. 2017 eq. 7); in log space for geometric; DPPO's divergence bound δ for A < 0")
+    clip_high: float = opt(
+        0.2, "upper clip range ε_high of the ratio, clipped above at 1 + ε_high; ε_high > ε_low "
+        "is DAPO's clip-higher (Yu et al. 2025 §3.1); CISPO's weight cap 1 + ε_high "
+        "(MiniMax-M1 2025 eq. 4); DPPO's divergence bound δ for A > 0")
+    seq_clip_low: float = opt(
+        3e-4, "lower clip range of the sequence ratio in ratio=hybrid's sequence branch (DHPO, "
+        "Min et al. 2026; GSPO's range, Zheng et al. 2025 §5.1)")
+    seq_clip_high: float = opt(
+        4e-4, "upper clip range of the sequence ratio in ratio=hybrid's sequence branch (DHPO, "
+        "Min et al. 2026; GSPO's range, Zheng et al. 2025 §5.1)")
+    dual_clip: float | None = opt(
+        None, "c > 1 of dual-clip PPO: for A < 0 the surrogate is at least c·A (Ye et al. 2019 "
+        "eq. 5); null = off")
+    sapo_tau_pos: float = opt(1.0, "SAPO's soft-gate temperature τ for tokens with A > 0 "
+                              "(Gao et al. 2025 eqs. 5-6)")
+    sapo_tau_neg: float = opt(1.05, "SAPO's soft-gate temperature τ for tokens with A < 0 "
+                              "(Gao et al. 2025 eqs. 5-6)")
     # aggregation (§3)
-    aggregation: str = "seq_mean_token_mean"
-    norm_constant: float | None = None  # C; None = max_new_tokens
+    aggregation: str = opt(
+        "seq_mean_token_mean", "how token losses become the batch's loss: token_mean (DAPO, Yu "
+        "et al. 2025 §3.3), seq_mean_token_mean (GRPO, Shao et al. 2024 eq. 3), "
+        "seq_mean_token_sum (verl's) or seq_mean_token_sum_norm (Dr. GRPO, Liu et al. 2025 §3.1)")
+    norm_constant: float | None = opt(
+        None, "C of seq_mean_token_sum_norm, L = Σ ℓ / (N·C), in tokens (Dr. GRPO, Liu et al. "
+        "2025 §3.1); null = max_new_tokens")
     # KL and entropy (§4)
-    kl_placement: str = "none"
-    kl_estimator: str = "k3"
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
+    kl_placement: str = opt(
+        "none", "where the KL to the reference policy goes: none (DAPO, Yu et al. 2025 §2.3), "
+        "loss (GRPO, Shao et al. 2024 eq. 4) or reward, a per-token penalty (InstructGPT, "
+        "Ouyang et al. 2022 eq. 2)")
+    kl_estimator: str = opt(
+        "k3", "the per-token KL estimator: k1, k2 or k3 (Schulman 2020, 'Approximating KL "
+        "divergence'; GRPO's k3, Shao et al. 2024 eq. 4)")
+    kl_coef: float = opt(0.0, "β, the KL term's weight; 0 = no KL and no reference model")
+    entropy_coef: float = opt(
+        0.0, "weight of the entropy bonus subtracted from each token's loss (Williams & Peng "
+        "1991; PPO, Schulman et al. 2017 eq. 9)")
     # critic (§5)
-    critic: bool = False
-    vf_coef: float = 0.5
-    value_clip: float | None = 0.2
+    critic: bool = opt(False, "train a value head for advantage=gae (PPO, Schulman et al. "
+                       "2017)")
+    vf_coef: float = opt(0.5, "weight of the value loss (PPO, Schulman et al. 2017 eq. 9)")
+    value_clip: float | None = opt(
+        0.2, "ε of the clipped value loss, in reward units: V counts within ε of V_old (PPO's "
+        "value clipping, as OpenAI baselines' ppo2); null = the plain squared error")
     # batch filters and shaping (§6)
-    dynamic_sampling: bool = False
-    max_sampling_rounds: int = 3
-    overlong_filter: bool = False
-    overlong_penalty: bool = False
-    overlong_buffer: int = 16  # L_cache, tokens before max_new_tokens where the penalty ramps
-    overlong_penalty_factor: float = 1.0
+    dynamic_sampling: bool = opt(
+        False, "drop groups whose rewards are all equal and sample again until prompts_per_step "
+        "groups are useful (DAPO, Yu et al. 2025 §3.2)")
+    max_sampling_rounds: int = opt(
+        3, "the most generation rounds a step takes with dynamic_sampling; then it trains on "
+        "the useful groups it has (DAPO, Yu et al. 2025 §3.2)")
+    overlong_filter: bool = opt(False, "mask every token of a truncated response out of the "
+                                "loss (DAPO's overlong filtering, Yu et al. 2025 §3.4)")
+    overlong_penalty: bool = opt(
+        False, "add DAPO's soft overlong punishment to the reward, from 0 down to -1 over the "
+        "last overlong_buffer tokens before max_new_tokens (Yu et al. 2025 eq. 13)")
+    overlong_buffer: int = opt(
+        16, "L_cache, the tokens before max_new_tokens where the overlong penalty ramps, in "
+        "tokens (DAPO, Yu et al. 2025 eq. 13)")
+    overlong_penalty_factor: float = opt(1.0, "scale of the overlong penalty, in reward "
+                                         "units: its largest magnitude")
     # sampler-trainer mismatch correction (postrl.objectives.mismatch); off in every preset
-    mismatch_weight: str = "none"  # token, sequence_product or sequence_geometric
-    mismatch_mode: str = "truncate"  # truncate at mismatch_cap (TIS) or mask (MIS / IcePop)
-    mismatch_cap: float = 2.0  # C of TIS
-    mismatch_low: float = 0.5  # the mask's bounds
-    mismatch_high: float = 2.0
-    mismatch_reject: float | None = None  # b: reject responses whose geometric weight is
-    #   outside [1/b, b]
+    mismatch_weight: str = opt(
+        "none", "weight w = π_old / π_sampler on each token's surrogate term: none, token, "
+        "sequence_product or sequence_geometric (Yao et al. 2025; Liu, Li et al. 2025)")
+    mismatch_mode: str = opt(
+        "truncate", "truncate w at mismatch_cap (TIS, Yao et al. 2025) or mask it to 0 outside "
+        "[mismatch_low, mismatch_high] (MIS; IcePop, Ling Team 2025)")
+    mismatch_cap: float = opt(2.0, "C ≥ 1 of TIS, w ← min(w, C) (Yao et al. 2025)")
+    mismatch_low: float = opt(0.5, "the mask's lower bound, w ← 0 below it (MIS; IcePop, "
+                              "Ling Team 2025)")
+    mismatch_high: float = opt(2.0, "the mask's upper bound, w ← 0 above it (MIS; IcePop, "
+                               "Ling Team 2025)")
+    mismatch_reject: float | None = opt(
+        None, "b > 1: w = 0 for every token of a response whose geometric-mean weight is outside "
+        "[1/b, b] (geometric rejection, Liu, Li et al. 2025; verl's rollout_rs=geometric); "
+        "null = off")
 
     def __post_init__(self) -> None:
         validate(self)
