@@ -104,14 +104,14 @@ def trained_tokens(trainer, batch) -> tuple[int, int]:
     forward (``postrl/models/logprobs.py``): each prompt counts once per group, the least
     work that can give the gradient (a prompt whose rows fall into several micro-batches
     runs once in each, so the achieved FLOP/s is a lower bound)."""
-    from postrl.train.update import unscored_rows_possible, zero_gradient_rows
+    from postrl.train.row_skipping import unscored_rows_possible, zero_gradient_rows
 
     cfg = trainer.cfg
     loss_cfg = trainer.recipe.policy_loss_config(cfg.max_new_tokens)
     every = torch.arange(batch.rows)
     rows = every
     if unscored_rows_possible(trainer.recipe, loss_cfg, cfg.updates_per_batch):
-        rows = every[~zero_gradient_rows(every, batch, loss_cfg, trainer.critic)]
+        rows = every[~zero_gradient_rows(every, batch, loss_cfg, trainer.critic is not None)]
     responses = int(batch.response_mask[rows].sum())
     groups = sorted(set((rows // batch.group_size).tolist()))
     prompts = sum(len(batch.prompt_ids[g * batch.group_size]) for g in groups)

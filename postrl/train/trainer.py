@@ -38,6 +38,7 @@ from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_ro
 from postrl.train.evaluate import evaluate
 from postrl.train.metrics import step_metrics
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
+from postrl.train.row_skipping import unscored_rows_possible
 from postrl.train.sampling import Collected, Group, PromptSampler, collect
 from postrl.train.update import (
     TokenScorer,
@@ -47,7 +48,6 @@ from postrl.train.update import (
     average_rounds,
     round_metrics,
     run_updates,
-    unscored_rows_possible,
     update_plan,
 )
 

@@ -9,7 +9,6 @@ of all replicas merge into the metrics of the whole batch.
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from postrl.objectives import (
 )
 from postrl.recipes import Recipe
 from postrl.train.batch import TrainBatch
+from postrl.train.row_skipping import split_rows, unscored_diagnostics
 
 
 @dataclass
@@ -167,28 +167,6 @@ def prompt_grouped(rows: Tensor, batch: TrainBatch) -> Tensor:
     return torch.tensor([i for members in groups.values() for i in members], dtype=torch.long)
 
 
-def advantage_terms_only(loss_cfg: PolicyLossConfig, critic: bool) -> bool:
-    """Whether the update's only per-token terms are the surrogate's: no KL in the loss, no
-    entropy bonus, and no critic to train. Every surrogate is ``ratio * advantage`` in some
-    form (ALGORITHMS.md §2), so a row without a non-zero advantage then has no gradient."""
-    return not (critic or loss_cfg.kl_coef or loss_cfg.entropy_coef)
-
-
-def zero_gradient_rows(rows: Tensor, batch: TrainBatch, loss_cfg: PolicyLossConfig,
-                       critic: nn.Module | None) -> Tensor:
-    """Which of ``rows`` contribute exactly nothing to the policy gradient: no response token
-    with a non-zero advantage, under a loss with no other per-token term
-    (:func:`advantage_terms_only`): such a row's loss is 0 and its gradient too, whatever its
-    ratio; its tokens still count in the normalisers. They are the groups whose rewards
-    are all equal (group-relative advantages, Dr. GRPO, RLOO) and rows with no token left
-    (overlong filtering). Boolean, one entry per row of ``rows``."""
-    none = torch.zeros(len(rows), dtype=torch.bool)
-    if not advantage_terms_only(loss_cfg, critic is not None) or batch.advantages is None:
-        return none
-    carries = (batch.advantages[rows] != 0) & batch.response_mask[rows]
-    return ~carries.any(dim=1)
-
-
 def replica_micro_batches(rows: Tensor, rank: int, size: int, micro_batch_size: int,
                           order=None, equal_counts: bool = False) -> list[tuple[Tensor, float]]:
     """``(rows, weight)`` of the micro-batches replica ``rank`` of ``size`` runs for one
@@ -292,7 +270,10 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
         models.critic_optimizer.zero_grad(set_to_none=True)
     finite: list[bool | Tensor] = [True, True]  # policy, critic; read once, at the step's end
     arrange = prompt_grouped if settings.share_prompts else length_sorted
-    trained, scored, unscored = _gradient_split(rows, batch, loss_cfg, models, settings, replica)
+    trained, scored, unscored = rows, rows[:0], rows[:0]
+    if settings.forward_only_zero_gradient and settings.train_policy:
+        trained, scored, unscored = split_rows(rows, batch, loss_cfg, models.critic is not None,
+                                               replica.rank, replica.size)
     micros = replica_micro_batches(trained, replica.rank, replica.size,
                                    settings.micro_batch_size,
                                    order=lambda share: arrange(share, batch),
@@ -355,70 +336,6 @@ def _read_on_host(result: RoundResult) -> None:
     if result.value_loss is not None:
         result.value_loss, result.value_clip = (float(v) for v in (result.value_loss,
                                                                      result.value_clip))
-
-
-def _gradient_split(rows: Tensor, batch: TrainBatch, loss_cfg: PolicyLossConfig,
-                    models: Trainable, settings: UpdateSettings,
-                    replica: Replica) -> tuple[Tensor, Tensor, Tensor]:
-    """``(trained, scored, unscored)``: the rows that run forward and backward, those that
-    run forward only, for the diagnostics (:func:`zero_gradient_rows`), and those that run
-    not at all, their diagnostics known without a forward (:func:`unscored_diagnostics`).
-    Rows without a response token add nothing to any diagnostic and are in none of the
-    three. When no row has a gradient one still runs backward: its zero gradient is what the
-    optimizer would have seen (momentum and weight decay still step).
-
-    Data-parallel replicas each hold the whole batch and split the trained rows between them
-    (:func:`replica_micro_batches`), and leave out rows that run not at all, whose
-    diagnostics replica 0 adds. Forward-only rows would need a split of their own; there
-    every row trains."""
-    none = rows[:0]
-    stands_in = sampler_stands_in(batch)
-    if not (settings.forward_only_zero_gradient and settings.train_policy
-            and (replica.size == 1 or stands_in)):
-        return rows, none, none
-    zero = zero_gradient_rows(rows, batch, loss_cfg, models.critic)
-    if zero.all():
-        zero[int(batch.lengths[rows].argmin())] = False  # the cheapest backward
-    idle = rows[zero]
-    idle = idle[batch.response_mask[idle].any(dim=1)]
-    if stands_in:
-        return rows[~zero], none, idle if replica.rank == 0 else none
-    return rows[~zero], idle, none
-
-
-def sampler_stands_in(batch: TrainBatch) -> bool:
-    """Whether a row's forward would tell nothing the sampler has not: each batch is used
-    for one update (no old log-probs: every ratio is exactly 1), with no reference
-    (``kl/mean``), and the sampler reported its per-token entropies."""
-    return batch.old_logp is None and batch.ref_logp is None and batch.sampler_entropy is not None
-
-
-def unscored_rows_possible(recipe: Recipe, loss_cfg: PolicyLossConfig,
-                           updates_per_batch: int) -> bool:
-    """Whether a run's updates can leave rows out entirely (:func:`sampler_stands_in`), as
-    far as its configuration tells: one update per batch, no reference, no critic, no KL or
-    entropy term in the loss (:func:`advantage_terms_only`), and groups without variance
-    reach the update (no dynamic sampling); on one process or several. The trainer asks the
-    sampler for its entropies only then: recording them costs under 1% of the generation at
-    SmolLM2's size and 5-8% at the tiny model's (``bench/unscored_rows_ab.py sampler``)."""
-    return (advantage_terms_only(loss_cfg, recipe.critic) and updates_per_batch == 1
-            and not recipe.needs_reference and not recipe.dynamic_sampling)
-
-
-def unscored_diagnostics(batch: TrainBatch, rows: Tensor, loss_cfg: PolicyLossConfig,
-                         counts: BatchCounts) -> Diagnostics:
-    """The diagnostics a forward of ``rows`` (no gradient, :func:`sampler_stands_in`) would have
-    added: ratios exactly 1 (the old log-probs would be the forward's own, detached), loss
-    terms 0 (every advantage is), and the sampler's entropies, which are the same policy's
-    at the same temperature. :func:`policy_loss` itself computes them, from log-probs of 0."""
-    width = max(int(batch.lengths[rows].max()), 1)
-    mask = batch.response_mask[rows, :width]
-    zeros = torch.zeros(mask.shape)
-    inputs = PolicyLossInputs(zeros, zeros, batch.advantages[rows, :width], mask,
-                              entropy=batch.sampler_entropy[rows, :width])
-    # no trainer forward: no mismatch to measure, and the weights of zero terms change nothing
-    uncorrected = dataclasses.replace(loss_cfg, mismatch_weight="none", mismatch_reject=None)
-    return policy_loss(inputs, uncorrected, counts).diagnostics
 
 
 def _micro_step(models: Trainable, batch: TrainBatch, micro: Tensor, scale: float,
