@@ -203,7 +203,18 @@ class TrainConfig:
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads ``1e-6`` (no dot) as a string; read it as the float a user means."""
+    """YAML 1.1 reads ``1e-6`` (no dot) as a string and ``no``, ``yes``, ``on``, ``off`` as
+    booleans (``resume=no`` became False); read them as YAML 1.2 does: the float a user
+    means, and booleans only from true and false."""
+
+
+# the class's own copy of the resolvers, without YAML 1.1's yes/no/on/off booleans
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool",
+                              re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
 
 
 _Loader.add_implicit_resolver(
@@ -346,4 +357,5 @@ def _coerce(name: str, value: Any, annotation: Any, prefix: str) -> Any:
         if origin is list and isinstance(value, str):  # `report_to=tensorboard`
             return [value]
     names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
-    raise ConfigError(f"{prefix}{name} must be {names}, got {value!r}")
+    hint = " (write true or false)" if bool in options and isinstance(value, str) else ""
+    raise ConfigError(f"{prefix}{name} must be {names}, got {value!r}{hint}")

@@ -108,3 +108,15 @@ def test_paths_in_a_config_file_are_relative_to_its_folder(tmp_path, monkeypatch
     assert load_config(folder / "c.yaml", ["out=runs/y"]).out == "runs/y"
     (folder / "e.yaml").write_text("task: arithmetic\nmodel: HuggingFaceTB/SmolLM2-135M\n")
     assert load_config(folder / "e.yaml").model == "HuggingFaceTB/SmolLM2-135M"
+
+
+def test_yes_no_on_off_are_strings_as_in_yaml_1_2(tmp_path):
+    """YAML 1.1 read ``resume=no`` as False, and the run was refused; true and false alone
+    are booleans."""
+    assert load_config(None, ["resume=no"]).resume == "no"
+    config = tmp_path / "c.yaml"
+    config.write_text("resume: no\nquiet: true\nstop: [yes, off]\n")
+    cfg = load_config(config)
+    assert (cfg.resume, cfg.quiet, cfg.stop) == ("no", True, ["yes", "off"])
+    with pytest.raises(ConfigError, match=r"quiet must be bool, got 'yes' \(write true or false\)"):
+        load_config(None, ["quiet=yes"])
