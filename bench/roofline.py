@@ -34,7 +34,7 @@ import torch
 from vs_trl import MICRO_BATCH  # bench/, this script's directory
 
 from postrl.models.precision import cpu_bf16_reason
-from postrl.train.trainer import records_forward
+from postrl.train.setup import records_forward
 
 
 def fastest(call, repeats: int) -> float:

@@ -22,6 +22,7 @@ from postrl.distributed.weights import Layout, device_label, load_trainable, wor
 from postrl.process import configure_process
 from postrl.rollout import HFRolloutEngine, Rollouts, SamplingParams
 from postrl.rollout.base import cat_right_padded
+from postrl.train.setup import load_trained_policy, records_entropies
 
 
 def prompt_slices(prompts: int, workers: int) -> list[tuple[int, int]]:
@@ -57,7 +58,6 @@ def build_engine(cfg: TrainConfig, policy_state: dict) -> tuple[object, Callable
     """``(engine, load_weights)`` for ``cfg.rollout_backend``, starting from ``policy_state``
     (the driver's full state dict of the causal LM)."""
     from postrl.models.policy import causal_lm
-    from postrl.train.trainer import load_trained_policy, records_entropies
 
     model, tokenizer = load_trained_policy(cfg)
     lm = causal_lm(model)

@@ -46,6 +46,7 @@ from postrl.distributed.weights import (
 )
 from postrl.process import configure_process
 from postrl.train.batch import TrainBatch
+from postrl.train.setup import load_trained_policy, make_optimizers
 from postrl.train.update import (
     RoundResult,
     TokenScorer,
@@ -85,7 +86,6 @@ class TrainWorker:
     def __init__(self, cfg: TrainConfig, rank: int, size: int, threads: int,
                  bucket_bytes: int = PUSH_BUCKET_BYTES) -> None:
         from postrl.models.policy import ValueModel, causal_lm
-        from postrl.train.trainer import load_trained_policy
 
         configure_process(threads, cfg.reuse_freed_memory)
         self.cfg, self.rank, self.size = cfg, rank, size
@@ -124,7 +124,6 @@ class TrainWorker:
         """Join the process group, load the driver's state, wrap the modules for
         ``train_parallel`` (DDP replicas or FSDP2 shards), then build the optimizers over
         the wrapped parameters and load the driver's optimizer state into them."""
-        from postrl.train.trainer import make_optimizers
 
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{address}", rank=self.rank,

@@ -76,3 +76,19 @@ def step_metrics(trainer: Trainer, collected: Collected, batch: TrainBatch | Non
             metrics["batch/overlong_filtered"] = int(batch.truncated.sum())
     metrics.update(update)
     return metrics
+
+
+def sample_rows(collected: Collected, limit: int) -> list[dict]:
+    """The first ``limit`` completions of a step, as ``samples.jsonl`` records them."""
+    rows = []
+    for group in collected.generated:
+        for j in range(len(group.rewards)):
+            if len(rows) == limit:
+                return rows
+            rows.append({"id": group.example.id, "prompt": group.example.question,
+                         "completion": group.rollouts.texts[j], "reward": group.rewards[j],
+                         "rewards": {k: v[j] for k, v in group.per_function.items()},
+                         "correct": group.correct[j],
+                         "length": int(group.rollouts.lengths[j]),
+                         "finish_reason": group.rollouts.finish_reasons[j]})
+    return rows

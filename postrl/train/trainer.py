@@ -4,20 +4,17 @@ components; nothing here branches on a recipe's name."""
 
 from __future__ import annotations
 
-import math
-import random
+import functools
 import time
 import warnings
 
-import numpy as np
 import torch
 
 from postrl.config import TrainConfig
 from postrl.devices import resolve_device
 from postrl.errors import DataError, PostRLError
-from postrl.models import load_policy
 from postrl.models.logprobs import response_logprobs
-from postrl.models.policy import ReferencePolicy, ValueModel, apply_lora, causal_lm, save_policy
+from postrl.models.policy import ReferencePolicy, ValueModel, causal_lm, save_policy
 from postrl.models.precision import (
     MasterWeights,
     autocast,
@@ -25,7 +22,6 @@ from postrl.models.precision import (
     precision_warning,
 )
 from postrl.process import configure_process
-from postrl.recipes import Recipe
 from postrl.rewards import Scorer, load_reward, soft_overlong_penalty
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import cat_right_padded, select_rows
@@ -36,10 +32,19 @@ from postrl.telemetry.run_lock import RunLock
 from postrl.telemetry.sinks import check_sinks
 from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
 from postrl.train.evaluate import evaluate
-from postrl.train.metrics import step_metrics
+from postrl.train.metrics import sample_rows, step_metrics
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
-from postrl.train.row_skipping import unscored_rows_possible
-from postrl.train.sampling import Collected, Group, PromptSampler, collect
+from postrl.train.sampling import Group, PromptSampler, collect
+from postrl.train.setup import (
+    load_trained_policy,
+    lr_factor,
+    make_optimizers,
+    on_device,
+    records_entropies,
+    records_forward,
+    reward_specs,
+    seed_everything,
+)
 from postrl.train.update import (
     TokenScorer,
     Trainable,
@@ -54,32 +59,6 @@ from postrl.train.update import (
 
 class TrainingError(PostRLError):
     """Training cannot go on (e.g. non-finite updates again and again)."""
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def load_trained_policy(cfg: TrainConfig):
-    """``(policy, tokenizer)``: the model of ``cfg`` with LoRA adapters if asked (every
-    process that holds a replica builds it this way)."""
-    model, tokenizer = load_policy(cfg.model, seed=cfg.seed)
-    if cfg.lora.r:
-        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout,
-                           cfg.lora.target_modules)
-    return model, tokenizer
-
-
-def make_optimizers(cfg: TrainConfig, policy, critic):
-    """AdamW for the trainable policy weights, and for the critic if there is one."""
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
-                                  lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                                  weight_decay=cfg.weight_decay, fused=True)
-    critic_optimizer = (torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, fused=True)
-                        if critic is not None else None)
-    return optimizer, critic_optimizer
 
 
 class Trainer:
@@ -119,7 +98,7 @@ class Trainer:
         check_out_path(cfg.run_dir())  # before the slow loads, as RunDir.create will again
         RunDir(cfg.run_dir()).check_can_start(cfg.overwrite, cfg.resume != "no")
         self.task = load_task(cfg.task, **cfg.task_options)
-        self.scorer = Scorer(_reward_specs(cfg.rewards, self.task.default_rewards),
+        self.scorer = Scorer(reward_specs(cfg.rewards, self.task.default_rewards),
                              on_error=cfg.reward_errors, timeout_s=cfg.reward_timeout_s)
         self.verifier_name = self.task.default_rewards[0]
         self.verifier = load_reward(self.verifier_name)
@@ -138,7 +117,8 @@ class Trainer:
                                       entropies=records_entropies(cfg, self.recipe),
                                       record_forward=records_forward(cfg))
         self.optimizer, self.critic_optimizer = make_optimizers(cfg, model, self.critic)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, functools.partial(lr_factor, cfg))
         self.sampler = PromptSampler(self.task.train(), cfg.seed)
         self.update_generator = torch.Generator().manual_seed(cfg.seed)
         self.prompt_cache: dict[str, list[int]] = {}
@@ -180,18 +160,6 @@ class Trainer:
             if failed and run is not None:
                 self.restored_earlier = run.restore_replaced()
             self.lock.release()
-
-    # ---- schedule -------------------------------------------------------------------------
-    def _lr_factor(self, step: int) -> float:
-        cfg = self.cfg
-        if step < cfg.warmup_steps:
-            return (step + 1) / (cfg.warmup_steps + 1)
-        if cfg.lr_schedule == "constant":
-            return 1.0
-        progress = min((step - cfg.warmup_steps) / max(cfg.steps - cfg.warmup_steps, 1), 1.0)
-        if cfg.lr_schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     def done(self) -> bool:
         budget = self.cfg.token_budget
@@ -272,7 +240,7 @@ class Trainer:
                                time.perf_counter() - started)
         metrics["guard/skipped_steps"] = self.skipped_steps
         metrics["reward/errors"] = self.reward_errors
-        self._log_samples(collected)
+        self.run.append_samples(self.step, sample_rows(collected, self.cfg.log_samples))
         every = self.cfg.save_rollouts_every
         if batch is not None and every and self.step % every == 0:
             save_rollout_batch(batch, self.run.path / "rollouts" / f"step_{self.step}.pt",
@@ -426,61 +394,3 @@ class Trainer:
 
                 self.engine.load_weights(trainable_state(self.lm))
         return average_rounds([round_metrics(r) for r in results])
-
-    def _log_samples(self, collected: Collected) -> None:
-        rows = []
-        for group in collected.generated:
-            for j in range(len(group.rewards)):
-                if len(rows) == self.cfg.log_samples:
-                    break
-                rows.append({"id": group.example.id, "prompt": group.example.question,
-                             "completion": group.rollouts.texts[j], "reward": group.rewards[j],
-                             "rewards": {k: v[j] for k, v in group.per_function.items()},
-                             "correct": group.correct[j],
-                             "length": int(group.rollouts.lengths[j]),
-                             "finish_reason": group.rollouts.finish_reasons[j]})
-        self.run.append_samples(self.step, rows)
-
-
-def on_device(model: torch.nn.Module, device: torch.device) -> None:
-    """Move ``model`` to ``device``; on a GPU its transformers forward (the sampler's there)
-    uses PyTorch's fused attention (SDPA) instead of the CPU's plain matmul-softmax."""
-    model.to(device)
-    if device.type == "cuda":
-        causal_lm(model).set_attn_implementation("sdpa")
-
-
-def records_entropies(cfg: TrainConfig, recipe: Recipe) -> bool:
-    """Whether the sampler records its entropies for this run: only where the update can
-    stand them in for the forward of rows without a gradient."""
-    return unscored_rows_possible(recipe, recipe.policy_loss_config(cfg.max_new_tokens),
-                                  cfg.updates_per_batch)
-
-
-def records_forward(cfg: TrainConfig) -> bool:
-    """Whether the sampler records its forward for the update (``reuse_sampler_forward``,
-    ``postrl.models.recorded``): where the update's forward runs in this process, in the
-    sampler's dtype, on the weights the sampler ran (one update per batch): ``fp32``, and
-    ``bf16-master``, whose sampler runs the bf16 working copy that the update trains
-    (``bf16`` autocast trains float32 weights: no). The engine then records only calls its
-    lean forward runs, in one chunk, whose record fits its memory share. With
-    ``torch_compile`` too: layers reading a record run eagerly (faster than compiled ones,
-    which stay for micro-batches without a record)."""
-    return (cfg.reuse_sampler_forward and cfg.launcher == "local" and cfg.train_workers == 1
-            and cfg.rollout_backend == "hf" and cfg.precision in ("fp32", "bf16-master")
-            and cfg.sampling_precision == cfg.precision
-            and cfg.updates_per_batch == 1)
-
-
-def _reward_specs(rewards: list, defaults: tuple[str, ...]) -> list[tuple[str, float]]:
-    """``rewards`` entries are a name/spec or ``{fn: spec, weight: w}``; [] = the task's."""
-    if not rewards:
-        return [(name, 1.0) for name in defaults]
-    specs = []
-    for entry in rewards:
-        if isinstance(entry, dict):
-            specs.append((entry.get("fn"), entry.get("weight", 1.0)))
-        else:
-            specs.append((entry, 1.0))
-    return specs
-

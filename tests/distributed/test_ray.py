@@ -19,7 +19,8 @@ import postrl  # noqa: E402
 from postrl.cli import main  # noqa: E402
 from postrl.config import load_config  # noqa: E402
 from postrl.distributed.failures import WorkerError  # noqa: E402
-from postrl.train.trainer import Trainer, records_entropies  # noqa: E402
+from postrl.train.setup import records_entropies  # noqa: E402
+from postrl.train.trainer import Trainer  # noqa: E402
 from postrl.train.update import (  # noqa: E402
     TokenScorer,
     Trainable,

@@ -15,7 +15,7 @@ import torch
 from postrl.config import TrainConfig
 from postrl.distributed.weights import buckets, trainable_layout, trainable_state
 from postrl.models.policy import causal_lm
-from postrl.train.trainer import load_trained_policy, make_optimizers
+from postrl.train.setup import load_trained_policy, make_optimizers
 
 LIMIT = 40_000  # bytes: the tiny model's layers go in several buckets, its embedding alone
 CONFIG = {"model": "tiny", "launcher": "ray", "train_workers": 2, "train_parallel": "fsdp2",

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from postrl.config import load_config
-from postrl.train.trainer import Trainer, records_forward
+from postrl.train.setup import records_forward
+from postrl.train.trainer import Trainer
 
 REWARDS = Path(__file__).with_name("rewards_for_tests.py")
 CAP = 1.0005
