@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from postrl.buckets import consecutive_buckets
 from postrl.errors import ConfigError
 
 Layout = list[tuple[str, tuple[int, ...], torch.dtype]]  # name, shape, dtype of each tensor
@@ -79,17 +80,8 @@ def buckets(slots: Layout, limit: int) -> list[Layout]:
     """``slots`` in order, cut into consecutive buckets of at most ``limit`` bytes (a tensor
     larger than ``limit`` goes alone). Every member of a weight push walks the same buckets,
     so the collectives run in the same order everywhere."""
-    parts: list[Layout] = []
-    size = 0
-    for slot in slots:
-        _, shape, dtype = slot
-        nbytes = math.prod(shape) * dtype.itemsize
-        if not parts or size + nbytes > limit:
-            parts.append([])
-            size = 0
-        parts[-1].append(slot)
-        size += nbytes
-    return parts
+    return list(consecutive_buckets(slots, lambda slot: math.prod(slot[1]) * slot[2].itemsize,
+                                    limit))
 
 
 def gather_bucket(params: dict[str, Tensor], bucket: Layout) -> dict[str, Tensor]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from postrl.buckets import consecutive_buckets
 from postrl.errors import ConfigError
 from postrl.models.precision import sampling_dtype
 from postrl.rollout.base import Rollouts, SamplingParams, cat_right_padded
@@ -69,18 +70,9 @@ def weight_buckets(weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dty
     """``weights`` cast to ``dtype``, in order, grouped into consecutive buckets of at most
     ``limit`` bytes; a tensor larger than ``limit`` goes alone. Each tensor is cast as its
     bucket fills, so at most one bucket's cast copies exist at a time."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in weights:
-        tensor = tensor.detach().to(dtype)
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > limit:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
+    cast = ((name, tensor.detach().to(dtype)) for name, tensor in weights)
+    yield from consecutive_buckets(cast, lambda item: item[1].numel() * item[1].element_size(),
+                                   limit)
 
 
 def _load_weights(worker, named: list[tuple[str, torch.Tensor]]) -> None:
