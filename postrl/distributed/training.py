@@ -46,16 +46,9 @@ from postrl.distributed.weights import (
 )
 from postrl.process import configure_process
 from postrl.train.batch import TrainBatch
+from postrl.train.scorers import TokenScorer, ValueScorer
 from postrl.train.setup import load_trained_policy, make_optimizers
-from postrl.train.update import (
-    RoundResult,
-    TokenScorer,
-    Trainable,
-    UpdateSettings,
-    ValueScorer,
-    merge_replicas,
-    run_updates,
-)
+from postrl.train.update import RoundResult, Trainable, UpdateSettings, merge_replicas, run_updates
 
 
 def adopt_state(optimizer: torch.optim.Optimizer, state: dict) -> None:

@@ -35,6 +35,7 @@ from postrl.train.evaluate import evaluate
 from postrl.train.metrics import sample_rows, step_metrics
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
 from postrl.train.sampling import Group, PromptSampler, collect
+from postrl.train.scorers import TokenScorer, ValueScorer
 from postrl.train.setup import (
     load_trained_policy,
     lr_factor,
@@ -46,10 +47,8 @@ from postrl.train.setup import (
     seed_everything,
 )
 from postrl.train.update import (
-    TokenScorer,
     Trainable,
     UpdateSettings,
-    ValueScorer,
     average_rounds,
     round_metrics,
     run_updates,

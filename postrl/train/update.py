@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from postrl.models.logprobs import SequenceBatch, response_logprobs, sparse_embedding_grad
+from postrl.models.logprobs import SequenceBatch
 from postrl.models.precision import MasterWeights, autocast, float32_module_autocast
 from postrl.objectives import (
     BatchCounts,
@@ -46,42 +46,6 @@ class UpdateSettings:
     # rows whose loss has no gradient run forward only, for the diagnostics, or not at all
     # when the sampler's entropies stand in for that forward (one process)
     forward_only_zero_gradient: bool = True
-
-
-class TokenScorer(nn.Module):
-    """Per-token log-probs and entropies of a causal LM as a module's ``forward``: a
-    data-parallel wrapper (DDP) synchronises through the forward it wraps. ``share_prompts``
-    off runs every row's prompt (FSDP2 needs the same forward calls on every rank);
-    ``tied_grads_in_place`` builds a tied embedding/LM-head weight's gradient without
-    vocabulary-sized temporaries: the lookup's gradient sparse, the head's chunk gradients
-    added in place (one process only: the data-parallel wrappers watch each parameter's own
-    gradient accumulator); ``compile_layers`` compiles postrl's own decoder layers
-    (``torch_compile``)."""
-
-    def __init__(self, lm, share_prompts: bool = True, tied_grads_in_place: bool = False,
-                 compile_layers: bool = False) -> None:
-        super().__init__()
-        self.lm, self.share_prompts = lm, share_prompts
-        self.tied_grads_in_place, self.compile_layers = tied_grads_in_place, compile_layers
-
-    def forward(self, sequences: SequenceBatch, temperature: float, entropy_grad: bool):
-        with sparse_embedding_grad(self.lm) if self.tied_grads_in_place else nullcontext():
-            return response_logprobs(self.lm, sequences, temperature, with_entropy=True,
-                                     entropy_grad=entropy_grad, share_prompts=self.share_prompts,
-                                     head_grad_in_place=self.tied_grads_in_place,
-                                     compile_layers=self.compile_layers)
-
-
-class ValueScorer(nn.Module):
-    """PPO's critic values as a module's ``forward`` (see :class:`TokenScorer` for
-    ``share_prompts`` and ``compile_layers``)."""
-
-    def __init__(self, critic, share_prompts: bool = True, compile_layers: bool = False) -> None:
-        super().__init__()
-        self.critic, self.share_prompts, self.compile_layers = critic, share_prompts, compile_layers
-
-    def forward(self, sequences: SequenceBatch) -> Tensor:
-        return self.critic.values(sequences, self.share_prompts, self.compile_layers)
 
 
 @dataclass
@@ -262,6 +226,7 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
                   loss_cfg: PolicyLossConfig, settings: UpdateSettings,
                   replica: Replica) -> RoundResult:
     counts = BatchCounts.of(batch.response_mask[rows])  # of the whole minibatch, all replicas
+    context = RoundContext(recipe, loss_cfg, counts, settings)
     result = RoundResult(Diagnostics())
     if models.critic is not None:
         result.value_loss = result.value_clip = 0.0
@@ -291,8 +256,9 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
         for index, (micro, weight, backward) in enumerate(micros):
             into = result if backward else RoundResult(Diagnostics())
             with replica.accumulating(last=index == len(micros) - 1):
-                micro_finite = _micro_step(models, batch, micro, weight * replica.size, recipe,
-                                           loss_cfg, counts, settings, into, backward)
+                micro_finite = _micro_step(
+                    models, context,
+                    MicroBatch.of(batch, micro, settings, weight * replica.size, backward), into)
             finite = [a & b for a, b in zip(finite, micro_finite, strict=True)]
             if not backward:
                 forward_only.append(into.diagnostics)
@@ -338,71 +304,96 @@ def _read_on_host(result: RoundResult) -> None:
                                                                      result.value_clip))
 
 
-def _micro_step(models: Trainable, batch: TrainBatch, micro: Tensor, scale: float,
-                recipe: Recipe, loss_cfg: PolicyLossConfig, counts: BatchCounts,
-                settings: UpdateSettings, result: RoundResult,
-                backward: bool = True) -> tuple[bool | Tensor, bool | Tensor]:
-    """Forward and backward of one micro-batch, its shares added to ``result``. ``scale`` is
-    the number of replicas (DDP averages their gradients: this turns the average back into
-    the sum of the shares), or 0 for a replica's weight-0 row. Without ``backward`` (rows
-    without a gradient, policy only) the forward runs under ``torch.no_grad`` for the
-    diagnostics. Returns whether the policy and the critic losses were finite."""
-    need_entropy_grad = loss_cfg.entropy_coef > 0 or (
-        loss_cfg.ratio == "hybrid" and loss_cfg.hybrid_mixing == "entropy")
-    sequences = batch.sequences(micro, settings.pad_id).to(settings.device)
-    width = sequences.input_ids.shape[1] - sequences.prompt_width
-    mask = batch.response_mask[micro, :width].to(settings.device)
+@dataclass
+class RoundContext:
+    """What every micro-batch of one optimizer step shares: the recipe, its loss, the
+    minibatch's global counts (the normalisers) and the update's settings."""
+
+    recipe: Recipe
+    loss_cfg: PolicyLossConfig
+    counts: BatchCounts
+    settings: UpdateSettings
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch on the update's device: ``rows`` of ``batch``, their sequences and
+    response mask cut to the longest response. ``scale`` is the number of replicas (DDP
+    averages their gradients: this turns the average back into the sum of the shares), or 0
+    for a replica's weight-0 row; without ``backward`` (rows without a gradient, policy only)
+    the forward runs under ``torch.no_grad``, for the diagnostics."""
+
+    batch: TrainBatch
+    rows: Tensor
+    sequences: SequenceBatch
+    mask: Tensor
+    scale: float
+    backward: bool
+
+    @classmethod
+    def of(cls, batch: TrainBatch, rows: Tensor, settings: UpdateSettings, scale: float,
+           backward: bool) -> MicroBatch:
+        sequences = batch.sequences(rows, settings.pad_id).to(settings.device)
+        width = sequences.input_ids.shape[1] - sequences.prompt_width
+        mask = batch.response_mask[rows, :width].to(settings.device)
+        return cls(batch, rows, sequences, mask, scale, backward)
+
+    def columns(self, tensor: Tensor | None) -> Tensor | None:
+        """These rows of a per-token tensor of the batch (``[N, T]``), on the device."""
+        return None if tensor is None else tensor[self.rows, :self.mask.shape[1]].to(
+            self.mask.device)
+
+
+def _micro_step(models: Trainable, context: RoundContext, micro: MicroBatch,
+                result: RoundResult) -> tuple[bool | Tensor, bool | Tensor]:
+    """Forward and backward of one micro-batch, its shares added to ``result``. Returns
+    whether the policy and the critic losses were finite."""
+    settings, loss_cfg = context.settings, context.loss_cfg
+    need_entropy_grad = micro.backward and (loss_cfg.entropy_coef > 0 or (
+        loss_cfg.ratio == "hybrid" and loss_cfg.hybrid_mixing == "entropy"))
     policy_finite = critic_finite = True
     if settings.train_policy:
-        with nullcontext() if backward else torch.no_grad():
-            diagnostics, policy_finite = _policy_micro_step(
-                models.policy, sequences, batch, micro, width, mask, loss_cfg, counts, settings,
-                need_entropy_grad and backward, scale, backward)
-        if scale:
+        with nullcontext() if micro.backward else torch.no_grad():
+            diagnostics, policy_finite = _policy_micro_step(models.policy, context, micro,
+                                                            need_entropy_grad)
+        if micro.scale:
             result.diagnostics = result.diagnostics.merge(diagnostics)
     if models.critic is not None:  # float32 weights: autocast in either bf16 mode
         with float32_module_autocast(settings.precision, torch.device(settings.device).type):
-            value, clip_share = _critic_micro_step(models.critic, sequences, batch, micro,
-                                                   width, mask, recipe, loss_cfg, counts,
-                                                   settings.device, scale)
+            value, clip_share = _critic_micro_step(models.critic, context, micro)
         critic_finite = torch.isfinite(value)
-        if scale:
+        if micro.scale:
             result.value_loss += value
             result.value_clip += clip_share
     return policy_finite, critic_finite
 
 
-def _rows(tensor: Tensor | None, micro: Tensor, width: int, device: str) -> Tensor | None:
-    return None if tensor is None else tensor[micro, :width].to(device)
-
-
-def _policy_micro_step(policy, sequences, batch: TrainBatch, micro: Tensor, width: int,
-                       mask: Tensor, loss_cfg: PolicyLossConfig, counts: BatchCounts,
-                       settings: UpdateSettings, need_entropy_grad: bool,
-                       scale: float, backward: bool = True) -> tuple[Diagnostics, Tensor]:
-    logp, entropy = policy(sequences, settings.temperature, need_entropy_grad)
-    old = _rows(batch.old_logp, micro, width, settings.device)
-    ref = _rows(batch.ref_logp, micro, width, settings.device)
-    advantages = _rows(batch.advantages, micro, width, settings.device)
-    sampler = _rows(batch.sampler_logp, micro, width, settings.device)
-    out = policy_loss(PolicyLossInputs(logp, logp.detach() if old is None else old, advantages,
-                                       mask, ref, entropy, sampler), loss_cfg, counts)
+def _policy_micro_step(policy, context: RoundContext, micro: MicroBatch,
+                       need_entropy_grad: bool) -> tuple[Diagnostics, Tensor]:
+    logp, entropy = policy(micro.sequences, context.settings.temperature, need_entropy_grad)
+    batch = micro.batch
+    old = micro.columns(batch.old_logp)
+    inputs = PolicyLossInputs(logp, logp.detach() if old is None else old,
+                              micro.columns(batch.advantages), micro.mask,
+                              micro.columns(batch.ref_logp), entropy,
+                              micro.columns(batch.sampler_logp))
+    out = policy_loss(inputs, context.loss_cfg, context.counts)
     # always backward, even a non-finite loss: data-parallel replicas must all take part in
     # the gradient all-reduce; the non-finite step is then skipped by every replica
-    if backward:
-        (out.loss * scale).backward()
+    if micro.backward:
+        (out.loss * micro.scale).backward()
     return out.diagnostics, torch.isfinite(out.loss.detach())
 
 
-def _critic_micro_step(critic, sequences, batch: TrainBatch, micro: Tensor, width: int,
-                       mask: Tensor, recipe: Recipe, loss_cfg: PolicyLossConfig,
-                       counts: BatchCounts, device: str, scale: float) -> tuple[Tensor, Tensor]:
+def _critic_micro_step(critic, context: RoundContext,
+                       micro: MicroBatch) -> tuple[Tensor, Tensor]:
     """PPO's clipped value loss (ALGORITHMS.md §5), aggregated like the policy loss."""
-    values = critic(sequences)
-    per_token, clipped = clipped_value_loss(values, _rows(batch.old_values, micro, width, device),
-                                            _rows(batch.returns, micro, width, device),
+    recipe, loss_cfg, counts = context.recipe, context.loss_cfg, context.counts
+    values = critic(micro.sequences)
+    per_token, clipped = clipped_value_loss(values, micro.columns(micro.batch.old_values),
+                                            micro.columns(micro.batch.returns),
                                             recipe.value_clip)
-    loss = aggregate(per_token, mask, loss_cfg.aggregation, counts, loss_cfg.norm_constant)
-    (recipe.vf_coef * loss * scale).backward()
-    clip_share = aggregate(clipped.float(), mask, "token_mean", counts)
+    loss = aggregate(per_token, micro.mask, loss_cfg.aggregation, counts, loss_cfg.norm_constant)
+    (recipe.vf_coef * loss * micro.scale).backward()
+    clip_share = aggregate(clipped.float(), micro.mask, "token_mean", counts)
     return loss.detach().double(), clip_share.double()  # summed in float64, as floats were

@@ -15,7 +15,8 @@ from postrl.config import TrainConfig
 from postrl.distributed.rollout import RolloutWorker
 from postrl.distributed.training import TrainWorker
 from postrl.rollout import SamplingParams
-from postrl.train.update import TokenScorer, Trainable, UpdateSettings, run_updates
+from postrl.train.scorers import TokenScorer
+from postrl.train.update import Trainable, UpdateSettings, run_updates
 from tests.train.test_trainer import tiny_config
 from tests.train.test_update import _mixed_batch
 

@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from postrl.distributed.parallel import FSDPReplica, decoder_layers, shard
 from postrl.distributed.weights import full
-from postrl.train.update import TokenScorer, Trainable, UpdateSettings, run_updates
+from postrl.train.scorers import TokenScorer
+from postrl.train.update import Trainable, UpdateSettings, run_updates
 from tests.train.test_trainer import tiny_config
 from tests.train.test_update import _mixed_batch, _zero_rows
 

@@ -10,14 +10,9 @@ import os
 import pytest
 import torch
 
+from postrl.train.scorers import TokenScorer
 from postrl.train.trainer import Trainer
-from postrl.train.update import (
-    TokenScorer,
-    Trainable,
-    UpdateSettings,
-    round_metrics,
-    run_updates,
-)
+from postrl.train.update import Trainable, UpdateSettings, round_metrics, run_updates
 from tests.train.test_trainer import tiny_config
 from tests.train.test_update import _mixed_batch
 

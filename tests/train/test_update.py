@@ -11,11 +11,11 @@ from postrl.models.recorded import parameter_versions
 from postrl.rollout import hf as hf_module
 from postrl.train.batch import TrainBatch, assemble
 from postrl.train.row_skipping import zero_gradient_rows
+from postrl.train.scorers import TokenScorer
 from postrl.train.setup import records_entropies, records_forward
 from postrl.train.trainer import Trainer
 from postrl.train.update import (
     Replica,
-    TokenScorer,
     Trainable,
     UpdateSettings,
     merge_replicas,
