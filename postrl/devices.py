@@ -3,6 +3,7 @@ resolved against what this machine has. Knows no model code."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -18,9 +19,8 @@ def device_problem(spec: str) -> str | None:
     if not spec.startswith("cuda"):
         return None
     if not torch.cuda.is_available():
-        why = ("this PyTorch was built without CUDA" if torch.version.cuda is None
-               else "torch sees no CUDA GPU on this machine")
-        return f"device={spec} needs a CUDA GPU, and {why}: use device=cpu or device=auto"
+        return (f"device={spec} needs a CUDA GPU, and torch sees none ({why_no_cuda()}): use "
+                "device=cpu or device=auto")
     index = int(spec.partition(":")[2] or 0)
     count = torch.cuda.device_count()
     if index >= count:
@@ -38,3 +38,12 @@ def resolve_device(spec: str) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def why_no_cuda() -> str:
+    """Why torch sees no CUDA GPU, as far as this process can tell."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is built without CUDA"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return f"CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else (
+        "CUDA_VISIBLE_DEVICES is unset")

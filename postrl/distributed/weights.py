@@ -6,13 +6,13 @@ every worker must make the same call (:func:`full`)."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from postrl.buckets import consecutive_buckets
+from postrl.devices import resolve_device, why_no_cuda
 from postrl.errors import ConfigError
 
 Layout = list[tuple[str, tuple[int, ...], torch.dtype]]  # name, shape, dtype of each tensor
@@ -27,18 +27,10 @@ def worker_device(cfg, who: str = "this actor") -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError(f"worker_gpus={cfg.worker_gpus:g}: {who} reserved a GPU, but torch "
-                          f"in that actor sees no CUDA GPU ({_why_no_cuda()}); check the "
+                          f"in that actor sees no CUDA GPU ({why_no_cuda()}); check the "
                           "node's GPUs and CUDA_VISIBLE_DEVICES, and that the actors' torch is "
                           "a CUDA build, or set worker_gpus=0")
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def _why_no_cuda() -> str:
-    if torch.version.cuda is None:
-        return f"torch {torch.__version__} is built without CUDA"
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return f"CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else (
-        "CUDA_VISIBLE_DEVICES is unset")
+    return resolve_device("cuda")
 
 
 def device_label(device: torch.device) -> str:
