@@ -1,4 +1,4 @@
-"""Recipes: named sets of orthogonal components (ALGORITHMS.md §7).
+"""Recipes: named sets of orthogonal components (docs/algorithms.md §7).
 
 A :class:`Recipe` is frozen data. The trainer and the loss branch on its components, never on
 its name, so ``dapo`` is exactly "grpo + these component changes" and
@@ -140,7 +140,7 @@ class Recipe:
         "tokens (DAPO, Yu et al. 2025 eq. 13)")
     overlong_penalty_factor: float = opt(1.0, "scale of the overlong penalty, in reward "
                                          "units: its largest magnitude")
-    # sampler-trainer mismatch correction (postrl.objectives.mismatch); off in every preset
+    # sampler-trainer mismatch correction (§9; postrl.objectives.mismatch); off in every preset
     mismatch_weight: str = opt(
         "none", "weight w = π_old / π_sampler on each token's surrogate term: none, token, "
         "sequence_product or sequence_geometric (Yao et al. 2025; Liu, Li et al. 2025)")

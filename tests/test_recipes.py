@@ -1,4 +1,4 @@
-"""Recipes are validated data; presets match ALGORITHMS.md §7."""
+"""Recipes are validated data; presets match docs/algorithms.md §7."""
 
 import dataclasses
 import re

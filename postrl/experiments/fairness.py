@@ -1,6 +1,6 @@
 """What makes a comparison of recipes fair, and when compared components cannot differ.
 
-A fair comparison changes only the recipe's components (ALGORITHMS.md §7): the model, the
+A fair comparison changes only the recipe's components (docs/algorithms.md §7): the model, the
 prompts, the sampling, the verifier and the generated-token budget are shared.
 :func:`check_fair` refuses anything else unless the extra field is varied on purpose.
 :func:`warn_indistinguishable` says when the schedule makes compared components inert: with

@@ -1,7 +1,7 @@
 """Pure tensor maths of RL post-training: advantages, ratios, surrogates, aggregation, KL.
 
 No models, no I/O, no config objects beyond the small dataclasses defined here. Every
-function cites the paper and equation it implements; ALGORITHMS.md is the specification.
+function cites the paper and equation it implements; docs/algorithms.md is the specification.
 """
 
 from postrl.objectives import advantages, ratios, surrogates

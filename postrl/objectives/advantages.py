@@ -1,4 +1,4 @@
-"""Advantage estimators (ALGORITHMS.md §1).
+"""Advantage estimators (docs/algorithms.md §1).
 
 Conventions: outcome rewards are a float tensor ``[N]`` whose responses come in contiguous
 groups of ``group_size`` (all samples of one prompt are adjacent). Token-level tensors are

@@ -1,4 +1,4 @@
-"""Loss aggregation over the GLOBAL batch (ALGORITHMS.md §3).
+"""Loss aggregation over the GLOBAL batch (docs/algorithms.md §3).
 
 One optimizer step may span micro-batches and data-parallel ranks. Each micro-batch's loss is
 normalised by the counts of the whole step (``BatchCounts`` summed over micro-batches and

@@ -1,4 +1,4 @@
-"""KL to the reference policy, estimated on sampled tokens (ALGORITHMS.md §4).
+"""KL to the reference policy, estimated on sampled tokens (docs/algorithms.md §4).
 
 Schulman's estimators ("Approximating KL divergence", 2020) of KL(pi_theta || pi_ref) with
 ``log_ratio = ref - logp``: k1 is unbiased, k2 and k3 are low-variance. GRPO uses k3

@@ -1,4 +1,5 @@
-"""The sampler is not the trainer: importance weights between them, and their diagnostics.
+"""The sampler is not the trainer: importance weights between them, and their diagnostics
+(docs/algorithms.md §9).
 
 A rollout is sampled by one numerical policy, pi_sampler (a bf16 sampler, vLLM, a stale actor)
 and scored by another, pi_old (the trainer's forward of the same weights). The clipped

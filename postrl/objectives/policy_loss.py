@@ -1,4 +1,5 @@
-"""The one policy loss: surrogate (§2) + KL in the loss (§4) + entropy bonus, aggregated (§3).
+"""The one policy loss: surrogate (§2) + KL in the loss (§4) + entropy bonus, aggregated (§3)
+(sections of docs/algorithms.md; the mismatch weight is §9).
 
 ``policy_loss`` is called once per micro-batch with the counts of the whole optimizer step;
 summing the returned losses' gradients over the micro-batches gives the full-batch gradient,

@@ -1,4 +1,5 @@
-"""Importance ratios between the current policy and the policy that sampled the batch (§2).
+"""Importance ratios between the current policy and the policy that sampled the batch
+(docs/algorithms.md §2).
 
 All inputs are response-aligned ``[N, T]`` log-probabilities of the sampled tokens.
 ``old_logp`` is treated as a constant (it is detached here).
@@ -51,7 +52,7 @@ def entropy_mixing_weight(entropy: Tensor, response_mask: Tensor) -> Tensor:
     """DHPO entropy-guided mixing weight ``w[i,t] = sg(minmax_i(H[i,t]))`` in ``[0, 1]``.
 
     Min–max normalised over the valid tokens of each response (postrl's reconstruction of
-    Min et al. 2026, see ALGORITHMS.md §2). A response whose tokens all have the same entropy
+    Min et al. 2026, see docs/algorithms.md §2). A response whose tokens all have the same entropy
     (e.g. a single token) has no "forking" token to favour and falls back to averaged mixing,
     ``w = 1/2``. Off-mask entries are 0.
     """

@@ -1,4 +1,5 @@
-"""Per-token surrogate objectives ``psi[i,t]`` for each importance-ratio unit (§2).
+"""Per-token surrogate objectives ``psi[i,t]`` for each importance-ratio unit
+(docs/algorithms.md §2).
 
 The token loss is ``-psi``; ``aggregation.py`` turns it into one number. Each surrogate
 returns a :class:`Surrogate` with the term, the ratio it used and where clipping was active,
@@ -86,7 +87,7 @@ def sequence_token(logp, old_logp, adv, mask, eps_low, eps_high, dual_clip=None)
 def hybrid(
     logp, old_logp, adv, mask, weight, tok_low, tok_high, seq_low, seq_high, dual_clip=None
 ) -> Surrogate:
-    """DHPO (Min et al. 2026, postrl's reconstruction — see ALGORITHMS.md §2).
+    """DHPO (Min et al. 2026, postrl's reconstruction — see docs/algorithms.md §2).
 
     ``z = w*r + (1-w)*s`` and ``z_clipped = w*clip(r, tok) + (1-w)*clip(s, seq)``: each branch
     is clipped in its own trust region before mixing; ``psi = min(z*A, z_clipped*A)``.

@@ -1,4 +1,4 @@
-"""PPO's clipped value loss for the critic (ALGORITHMS.md §5)."""
+"""PPO's clipped value loss for the critic (docs/algorithms.md §5)."""
 
 from __future__ import annotations
 

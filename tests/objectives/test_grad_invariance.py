@@ -1,4 +1,4 @@
-"""Gradient accumulation over micro-batches equals the full-batch gradient (ALGORITHMS.md §3).
+"""Gradient accumulation over micro-batches equals the full-batch gradient (docs/algorithms.md §3).
 
 Each micro-batch's loss is normalised by the GLOBAL ``BatchCounts`` of the whole optimizer step,
 so summing the micro-batch gradients must give exactly the full-batch gradient, and merging the

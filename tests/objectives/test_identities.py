@@ -1,4 +1,4 @@
-"""Identities the components must satisfy (ALGORITHMS.md §1–§3)."""
+"""Identities the components must satisfy (docs/algorithms.md §1–§3, §7)."""
 
 import pytest
 import torch
@@ -55,7 +55,7 @@ def test_on_policy_entropy_guided_hybrid_reweights_tokens_within_a_response(seed
     """With a per-token weight w, d z_t / d logp_u = w_t*[t = u] + (1 - w_t)/L on-policy, so
     token u gets w_u + 1 - mean(w) times its token-level gradient: the same total per response,
     shifted towards high-entropy tokens. Unlike averaged mixing, entropy-guided DHPO is NOT
-    equivalent to the token surrogate on-policy (ALGORITHMS.md §7 says it is; it is not)."""
+    equivalent to the token surrogate on-policy (docs/algorithms.md §7)."""
     from postrl.objectives.ratios import entropy_mixing_weight
 
     logp, _, mask, rewards, entropy = random_batch(seed)

@@ -1,4 +1,4 @@
-"""A deliberately naive re-derivation of ``postrl.objectives`` from ALGORITHMS.md.
+"""A deliberately naive re-derivation of ``postrl.objectives`` from docs/algorithms.md.
 
 Everything here is written as plain Python loops over responses ``i`` and tokens ``t``, one
 scalar at a time, so that each line can be checked against a formula of the specification.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-K3_CLAMP = 10.0  # verl's low-variance KL clamps k3 to [-10, 10] (ALGORITHMS.md §4)
+K3_CLAMP = 10.0  # verl's low-variance KL clamps k3 to [-10, 10] (docs/algorithms.md §4)
 WHITEN_EPS = 1e-8
 
 # ---------------------------------------------------------------------------------------------
@@ -228,10 +228,10 @@ class NaiveLoss:
     """The scalar loss and the statistics a reader can check by hand.
 
     Clip fractions count tokens, or responses for ``sequence`` / ``sequence_token``; they are
-    ``None`` where ALGORITHMS.md leaves them undefined (a per-response ratio with advantages that
-    vary within a response). ``ratio_mean`` is the mean of the ratio the surrogate uses, over
-    responses for ``sequence`` / ``sequence_token`` and over tokens otherwise (the mixed ratio
-    for ``hybrid``, the token ratio for ``geometric`` and ``cispo``).
+    ``None`` where docs/algorithms.md §2 leaves them undefined (a per-response ratio with
+    advantages that vary within a response). ``ratio_mean`` is the mean of the ratio the
+    surrogate uses, over responses for ``sequence`` / ``sequence_token`` and over tokens
+    otherwise (the mixed ratio for ``hybrid``, the token ratio for ``geometric`` and ``cispo``).
     """
 
     loss: Tensor
@@ -257,7 +257,7 @@ class ResponseTerms:
 
 
 def clip(z: Tensor, eps_low: float, eps_high: float) -> Tensor:
-    """``clip(z, 1 - eps_low, 1 + eps_high)`` (ALGORITHMS.md notation)."""
+    """``clip(z, 1 - eps_low, 1 + eps_high)`` (docs/algorithms.md notation)."""
     return torch.clamp(z, 1.0 - eps_low, 1.0 + eps_high)
 
 
@@ -303,7 +303,7 @@ def response_terms(
     adv: Callable[[int], float],
     entropy: Tensor | None,
 ) -> ResponseTerms:
-    """ALGORITHMS.md §2 for the valid tokens ``positions`` of response ``i``."""
+    """docs/algorithms.md §2 for the valid tokens ``positions`` of response ``i``."""
     out = ResponseTerms()
     log_ratio = {t: logp[i, t] - old_logp[i, t].item() for t in positions}
     ratio = {t: torch.exp(log_ratio[t]) for t in positions}
@@ -413,7 +413,8 @@ def policy_loss(
     ref_logp: Tensor | None = None,
     entropy: Tensor | None = None,
 ) -> NaiveLoss:
-    """``aggregate(l)`` with ``l[i,t] = -psi + beta k - entropy_coef H`` (ALGORITHMS.md §2–§4).
+    """``aggregate(l)`` with ``l[i,t] = -psi + beta k - entropy_coef H``
+    (docs/algorithms.md §2–§4).
 
     The batch given here is the whole global batch: ``N`` = responses with a valid token,
     ``T`` = valid tokens.
@@ -436,7 +437,7 @@ def policy_loss(
         terms[i] = response_terms(cfg, i, positions, logp, old_logp, adv, entropy)
 
     def aggregate(term: Callable[[int, int], Tensor | float], mode: str) -> Tensor | float:
-        """ALGORITHMS.md §3, written out over the global counts."""
+        """docs/algorithms.md §3, written out over the global counts."""
         total = 0.0
         for i, positions in rows.items():
             for t in positions:
