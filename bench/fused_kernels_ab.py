@@ -6,14 +6,14 @@ alternated in one process from the same weights and optimizer state.
                                      [--steps 3] [--reps 5] [--precision fp32|bf16-master]
                                      [--multiply]
 
-``norm_mlp``: RMSNorm and SiLU(gate) * up (``postrl/models/fused.c``); ``vocab``: the
-log-probability and entropy over the vocabulary (``postrl/models/vocab.c``); ``attention``:
+``norm_mlp``: RMSNorm and SiLU(gate) * up (``postrl/accel/csrc/fused.c``); ``vocab``: the
+log-probability and entropy over the vocabulary (``postrl/accel/csrc/vocab.c``); ``attention``:
 the attention's scaled, biased softmax (``fused.c``); ``rotate``: the rotary embedding of
 queries and keys (``fused.c``); ``all``: the four; ``tiles``: everything the update runs on
-AMX tiles (``postrl/models/tiles.py``, so bf16 only: the linears' gradients, and with them the
+AMX tiles (``postrl/accel/tiles.py``, so bf16 only: the linears' gradients, and with them the
 two parts that follow, which ask ``tiles.kernels`` too);
 ``tile_attention``: the attention's forward and backward on AMX tiles, one kernel each
-(``postrl/models/tile_attention.py``, bf16 only; off: the fused softmax between PyTorch's
+(``postrl/accel/tile_attention.py``, bf16 only; off: the fused softmax between PyTorch's
 ``bmm``s); ``tile_groups``: one backward for the linears that read the same input, their
 input gradients summed in float32 on the tiles (``tiles.linears``; off: autograd adds each
 linear's). ``bench/vs_trl.py``'s
@@ -30,8 +30,8 @@ import dataclasses
 import statistics
 import types
 
-from postrl.models import fused, tile_attention, tiles, vocab
-from postrl.models.recorded import parameter_versions
+from postrl.accel import fused, tile_attention, tiles, vocab
+from postrl.accel.recorded import parameter_versions
 
 PARTS = ("norm_mlp", "vocab", "attention", "rotate")  # "all"; the tiles' parts alone
 
@@ -72,7 +72,7 @@ def main() -> None:
     from ab import alternating, from_one_state  # bench/, this script's directory
     from vs_trl import postrl_config
 
-    from postrl.rollout.native import native_kernels, unavailable_reason
+    from postrl.accel.native import native_kernels, unavailable_reason
     from postrl.train.trainer import Trainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

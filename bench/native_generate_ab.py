@@ -5,13 +5,13 @@ process, over whole ``generate`` calls.
                                        [--precision fp32|bf16-master]
 
 ``draw``: the draw from the logits (softmax, cumulative sum and search over the vocabulary)
-by ``postrl/rollout/sample.c`` against PyTorch's. ``layers``: a decode step's layers in one
-call (``postrl/rollout/step.c``) against the Python loop over the same kernels (float32, or
+by ``postrl/accel/csrc/sample.c`` against PyTorch's. ``layers``: a decode step's layers in one
+call (``postrl/accel/csrc/step.c``) against the Python loop over the same kernels (float32, or
 bf16 on a CPU with AMX tiles or AVX512-BF16). ``between``: a bf16 sampler's work between its linears
 (RMSNorm, the residual adds, SiLU · up, the rotation with the cache's new column, attention)
-by ``postrl/rollout/decode.c`` against PyTorch's operations, the linears the same either way
+by ``postrl/accel/csrc/decode.c`` against PyTorch's operations, the linears the same either way
 (bf16-master only; off, the step runs as the Python loop). ``linears``: a bf16 sampler's
-linears by postrl's (``postrl/rollout/dpbf16.c``: on AMX tiles, else by VDPBF16PS) against
+linears by postrl's (``postrl/accel/csrc/dpbf16.c``: on AMX tiles, else by VDPBF16PS) against
 oneDNN's (bf16-master, on a CPU with AMX tiles or AVX512-BF16).
 ``bench/vs_trl.py``'s first prompts (SmolLM2, 4 prompts x 8, 64 new tokens): ``generate``
 ``reps`` times each way (ABBA order) with the same seed, recording as the trainer does, so
@@ -29,7 +29,8 @@ import time
 
 import torch
 
-from postrl.rollout import lean_weights, native, sampling
+from postrl.accel import lean_weights, native
+from postrl.rollout import sampling
 
 
 def switches(part: str):

@@ -1,4 +1,4 @@
-"""The lean sampler in float32 with postrl's own kernels (``postrl/rollout/gemm.c`` and
+"""The lean sampler in float32 with postrl's own kernels (``postrl/accel/csrc/gemm.c`` and
 ``decode.c``: linears, RMSNorm, decode attention) against PyTorch's and oneDNN's (what it
 ran before), alternated in one process.
 
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from postrl.rollout import lean_weights, native
+from postrl.accel import lean_weights, native
 
 
 def main() -> None:

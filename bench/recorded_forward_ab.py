@@ -22,7 +22,7 @@ import dataclasses
 import statistics
 import time
 
-from postrl.models.recorded import parameter_versions
+from postrl.accel.recorded import parameter_versions
 
 
 def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32") -> None:

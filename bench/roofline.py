@@ -11,7 +11,7 @@ against the matmul rate at the model's own shapes (every linear layer's forward 
 backward matmuls at one micro-batch's token count, the LM head at one chunk's, each timed
 alone), the most the training phase could reach if it were nothing but its matmuls. In fp32
 and ``bf16-master`` the update reads the sampler's recorded forward by default
-(``reuse_sampler_forward``, ``postrl/models/recorded.py``) and multiplies only in its
+(``reuse_sampler_forward``, ``postrl/accel/recorded.py``) and multiplies only in its
 backward (4 * parameters * tokens): the FLOP/s above come from a run that multiplies its forward
 (``reuse_sampler_forward=false``), and a second run, the default, is reported beside it with
 the FLOPs it performs. Generation: tokens per second, and time per decode step against the

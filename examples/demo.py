@@ -20,7 +20,7 @@ from postrl.config import load_config
 from postrl.errors import PostRLError
 from postrl.models import load_policy
 from postrl.tasks import load_task
-from postrl.train.evaluate import evaluate
+from postrl.train.evaluate import EvalSettings, evaluate
 from postrl.train.trainer import Trainer
 
 CONFIG = Path(__file__).with_name("demo.yaml")
@@ -28,9 +28,9 @@ CONFIG = Path(__file__).with_name("demo.yaml")
 
 def accuracy(model, tokenizer, cfg) -> dict[str, float]:
     task = load_task(cfg.task, **cfg.task_options)
-    result = evaluate(model, tokenizer, task, n=None, ks=[1, 8], temperature=cfg.temperature,
-                      max_new_tokens=cfg.max_new_tokens, seed=1234,
-                      system_prompt=cfg.system_prompt)
+    settings = EvalSettings(None, [1, 8], cfg.temperature, cfg.max_new_tokens, seed=1234,
+                            system_prompt=cfg.system_prompt)
+    result = evaluate(model, tokenizer, task, settings)
     return {"greedy pass@1": result.pass_at_1_greedy, "sampled pass@1": result.pass_at_k[1],
             "pass@8": result.pass_at_k[8], "problems": result.n_problems}
 

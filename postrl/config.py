@@ -94,6 +94,10 @@ class TrainConfig:
         False, "compile the training forward's decoder layers (Llama-style models; one graph for "
         "all layers, 25 s to 4 minutes once for SmolLM2 on 2 cores); layers reading the "
         "sampler's record run eagerly, which is faster")
+    backend: str = opt(
+        "auto", "what computes the step: auto (postrl.accel, the native CPU kernels and lean "
+        "sampler, when installed) or torch (PyTorch's operations and transformers' sampling "
+        "forward only); both compute the same maths (postrl/models/backend.py)")
     device: str = opt(
         "auto", "where this process's models, sampler and update run: auto (the first CUDA GPU "
         "when torch sees one, else the CPU), cpu, cuda or cuda:N; with launcher=ray, the "
@@ -101,7 +105,7 @@ class TrainConfig:
     reuse_sampler_forward: bool = opt(
         True, "the update reads the linear outputs the sampler computed instead of recomputing "
         "them (fp32 or bf16-master, one update per batch, one process; the same step to float32 "
-        "or bf16 rounding: postrl/models/recorded.py)")
+        "or bf16 rounding; needs the postrl.accel backend: postrl/accel/recorded.py)")
     # the schedule: updates on each batch
     epochs: int = opt(1, "passes of updates over each rollout batch")
     minibatches: int = opt(1, "optimizer steps per pass: the batch's responses split into "

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from postrl.devices import device_problem
 from postrl.errors import ConfigError
-from postrl.models.precision import PRECISIONS
 from postrl.recipes import get_recipe
+
+PRECISIONS = ("fp32", "bf16", "bf16-master")  # postrl/models/precision.py computes them
 
 if TYPE_CHECKING:
     from postrl.config import TrainConfig
@@ -181,6 +182,8 @@ def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
     problem = device_problem(cfg.device)
     if problem:
         fail("device", problem)
+    if cfg.backend not in ("auto", "torch"):
+        fail("backend", f"backend={cfg.backend!r}: choose auto or torch")
     if not 0 < cfg.vllm_gpu_memory_utilization <= 1:
         fail("vllm_gpu_memory_utilization", "vllm_gpu_memory_utilization must be in (0, 1], "
              f"got {cfg.vllm_gpu_memory_utilization}")

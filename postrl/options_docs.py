@@ -35,7 +35,7 @@ TRAIN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("prompts_per_step", "group_size", "temperature", "top_p", "top_k", "max_new_tokens", "stop",
       "steps", "token_budget", "lr", "lr_schedule", "warmup_steps", "weight_decay", "adam_betas",
       "max_grad_norm")),
-    ("precision and speed", ("precision", "sampler_precision", "torch_compile", "device",
+    ("precision and speed", ("precision", "sampler_precision", "torch_compile", "backend", "device",
                              "reuse_sampler_forward")),
     ("the schedule: updates on each batch", ("epochs", "minibatches", "micro_batch_size",
                                              "critic_lr", "critic_warmup_steps")),

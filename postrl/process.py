@@ -6,14 +6,12 @@ logits (512 tokens x 49,152 vocabulary in float32 is 100 MB), its probabilities 
 gradient, the LM head's weight gradient (113 MB for SmolLM2), the sampler's key/value cache.
 glibc's malloc serves every allocation above its mmap threshold (at most 32 MB) with fresh
 pages from the kernel and unmaps them on free, so every such tensor pays again for the kernel
-to fault in and zero its pages: on the 2-core bench machine, one 100 MB ``logits - max``
-took 147 ms, about 1.4 GB/s.
+to fault in and zero its pages, far below the memory's rate.
 
 :func:`keep_freed_memory` turns that off for the process (``mallopt``: no mmap for
 allocations, and no returning the heap's free top to the kernel below 2 GiB), so freed blocks
-are reused. Measured on one fixed batch of the bench config, alternated processes: float32
-training about 10% faster, generation about 4%, peak RSS 150-300 MB higher
-(docs/performance.md). It changes where memory comes from, never a result. C libraries other
+are reused: training and generation measured faster, at a somewhat higher peak RSS
+(docs/performance-log.md). It changes where memory comes from, never a result. C libraries other
 than glibc are left alone.
 """
 

@@ -132,6 +132,7 @@ def cases(tmp: Path, earlier: Path):
         ("device", train("device=gpu"), "device='gpu' is not one of auto, cpu, cuda"),
         # no GPU here, or fewer than 8 where there is one: either way the option is named
         ("device-cuda", train("device=cuda:7"), "device=cuda:7"),
+        ("backend", train("backend=native"), "backend='native': choose auto or torch"),
         ("vllm-memory", train("vllm_gpu_memory_utilization=1.5"),
          "vllm_gpu_memory_utilization must be in (0, 1]"),
         ("launcher", train("launcher=slurm"), "launcher='slurm' is not one of"),
@@ -241,7 +242,7 @@ def cases(tmp: Path, earlier: Path):
     ]
 
 
-CORPUS_SIZE = 94
+CORPUS_SIZE = 95
 
 
 def test_corpus_has_at_least_eighty_cases(tmp_path, earlier_run):

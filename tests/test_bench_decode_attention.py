@@ -4,8 +4,8 @@ the same steps) and reproduce the engine's log-probs, or it would time other wor
 
 import torch
 
+from postrl.accel import lean as lean_module
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.rollout import lean as lean_module
 from tests.bench_scripts import load_bench_script
 
 

@@ -5,8 +5,8 @@ nothing), and on again, by the kernels."""
 import pytest
 import torch
 
-from postrl.models import fused, layers, tiles, vocab
-from postrl.rollout import native
+from postrl.accel import fused, native, tiles, vocab
+from postrl.models import layers
 from tests.bench_scripts import load_bench_script
 
 

@@ -5,7 +5,8 @@ with it."""
 import pytest
 import torch
 
-from postrl.rollout import lean_weights, native, sampling
+from postrl.accel import lean_weights, native
+from postrl.rollout import sampling
 from tests.bench_scripts import load_bench_script
 
 needs_native = pytest.mark.skipif(native.native_kernels() is None, reason="no native kernels")

@@ -6,12 +6,12 @@ per layer and micro-batch, forward and backward) and scales the attention scores
 matmul, a full pass over a ``[heads, L, P + L]`` tensor. Here a layer is a function of its
 inputs and weights: the prompt's keys and values are passed in (already rotated, one entry
 per row), a group's query heads are the query rows of their shared key/value head (the mask
-is the same for every head), and the scale is folded into the queries (or into the fused
-softmax, ``postrl.models.fused``). With packed
-responses, a micro-batch's prompts and responses go through each layer together
-(:func:`body_with_prompts`): one matmul per linear over both parts' tokens, attention within
-each, 13-17% less time in the layers than a pass over the prompts and then one over the
-responses (``bench/prompt_pass_ab.py``).
+is the same for every head), and the scale is folded into the queries (or into a backend's
+fused softmax). With packed responses, a micro-batch's prompts and responses go through each
+layer together (:func:`body_with_prompts`): one matmul per linear over both parts' tokens,
+attention within each (``bench/prompt_pass_ab.py`` measures what that saves). Each building
+block (norm, rotation, attention, linears, SwiGLU) is the active backend's
+(``postrl.models.backend``): PyTorch's operations, or faster kernels that compute the same.
 
 The maths is the model's own: RMSNorm in float32 rounded once before the weight, the model's
 rotary module, the attention softmax in float32, SwiGLU. :func:`unsupported_reason` names what
@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.fx.experimental._config as fx_config
 from torch import Tensor, nn
 
-from postrl.models import fused, tile_attention, tiles
-from postrl.models.recorded import RecordedRows, recorded_linear
+from postrl.models import backend
 
 MODEL_TYPES = ("llama", "qwen2")
 
@@ -119,7 +119,8 @@ def body(model, input_ids: Tensor, position_ids: Tensor, bias: Tensor,
 def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, prompt_bias: Tensor,
                       input_ids: Tensor, position_ids: Tensor, bias: Tensor, prompt_of_row: Tensor,
                       compiled: bool = False,
-                      recorded: tuple[RecordedRows, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                      known: Callable[[int], list[Tensor]] | None = None
+                      ) -> tuple[Tensor, Tensor]:
     """``(prompt hidden [n, P, H], hidden [B, L, H])``, both after the final norm: what
     :func:`body` gives over the prompts, and then over ``input_ids`` after the prompts' keys
     and values (row ``b`` continues prompt ``prompt_of_row[b]``; ``bias [B, 1, L, P + L]``).
@@ -127,13 +128,13 @@ def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, promp
     Each layer multiplies the prompts' tokens and the rows' tokens by its weights in one
     matmul, not two: a micro-batch's prompts are a few dozen tokens, where a matmul of their
     own runs far below the rate of a larger one, forward and backward (docs/performance.md).
-    With ``recorded`` (the sampler's record and the slot of each of those tokens, prompts'
-    first), no linear multiplies: each reads its recorded output (``postrl.models.recorded``);
-    the layers then run eagerly, ``compiled`` or not: compiled layers reading the record took
-    7% longer than eager ones over SmolLM2's updates (docs/performance.md)."""
+    With ``known`` (layer ``i``'s linear outputs for those tokens, prompts' first: the
+    sampler's record, ``postrl.models.backend.OpenRecord``), no linear multiplies: each reads
+    its known output; the layers then run eagerly, ``compiled`` or not (compiled layers
+    reading a record measured slower than eager ones, docs/performance.md)."""
     inner = model.model
     layer_fn = (_compiled_pair_layer() if compiled and torch.is_grad_enabled()
-                and recorded is None and _compile_sizes(*prompt_ids.shape, *input_ids.shape)
+                and known is None and _compile_sizes(*prompt_ids.shape, *input_ids.shape)
                 else _pair_layer)
     prompt_hidden = inner.embed_tokens(prompt_ids)
     hidden = inner.embed_tokens(input_ids)
@@ -142,7 +143,7 @@ def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, promp
     shapes = (prompt_hidden.shape, hidden.shape)
     flat = torch.cat([prompt_hidden.flatten(0, 1), hidden.flatten(0, 1)])
     for i, layer in enumerate(inner.layers):
-        outputs = {} if recorded is None else {"outputs": recorded[0].layer(i, recorded[1])}
+        outputs = {} if known is None else {"outputs": known(i)}
         flat = layer_fn(layer, flat, shapes, prompt_angles, angles, prompt_bias, bias,
                         prompt_of_row, **outputs)
     flat = _rms_norm(flat, inner.norm)
@@ -219,7 +220,7 @@ def _pair_layer(layer, flat: Tensor, shapes, prompt_angles, angles, prompt_bias:
     (``[n * P + B * L, H]``, shapes ``[n, P, H]`` and ``[B, L, H]``): every linear runs once
     over both; attention runs within the prompts, then for each row over its prompt's keys
     and values and its own. ``outputs``: the linears' outputs, already known (one tensor per
-    ``postrl.models.recorded.KINDS``, the fused projections' parts side by side)."""
+    of q|k|v, o, gate|up, down: the fused projections' parts side by side)."""
     attn, dim = layer.self_attn, layer.self_attn.head_dim
     (prompts, length, _), (rows, width, _) = shapes
     split = prompts * length
@@ -261,81 +262,36 @@ def _mlp_block(layer, hidden: Tensor, known: dict[nn.Linear, Tensor] | None = No
     mlp, known = layer.mlp, known or {}
     x = _rms_norm(hidden, layer.post_attention_layernorm)
     gate, up = _linears(x, (mlp.gate_proj, mlp.up_proj), known)
-    return hidden + _linear(fused.swiglu(gate, up), mlp.down_proj, known.get(mlp.down_proj))
+    return hidden + _linear(backend.active().swiglu(gate, up), mlp.down_proj,
+                           known.get(mlp.down_proj))
 
 
 def _linear(x: Tensor, module: nn.Linear, output: Tensor | None = None) -> Tensor:
-    """``module(x)``; with ``output``, that value already known (the backward is the same; in
-    bf16 on AMX tiles either way: ``postrl.models.tiles``)."""
-    if output is None:
-        return tiles.linear(x, module.weight, module.bias)
-    return recorded_linear(x, module.weight, output, module.bias)
+    """``module(x)``; with ``output``, that value already known (the backward is the same)."""
+    return _linears(x, (module,), {} if output is None else {module: output})[0]
 
 
 def _linears(x: Tensor, modules: tuple[nn.Linear, ...], known: dict[nn.Linear, Tensor]
              ) -> list[Tensor]:
-    """:func:`_linear` of each of ``modules`` (which read the same ``x``); in bf16 on AMX tiles,
-    one backward for all, their input gradients summed in float32 (``tiles.linears``)."""
-    weights = [m.weight for m in modules]
-    outputs = [known.get(m) for m in modules]
-    if tiles.serves_together(x, weights) and (
-            all(o is None for o in outputs) or all(o is not None for o in outputs)):
-        return tiles.linears(x, weights, [m.bias for m in modules],
-                             None if outputs[0] is None else outputs)
-    return [_linear(x, m, o) for m, o in zip(modules, outputs, strict=True)]
+    """:func:`_linear` of each of ``modules`` (which read the same ``x``: a backend may run
+    their backward as one)."""
+    return backend.active().linears(x, [m.weight for m in modules], [m.bias for m in modules],
+                                    [known.get(m) for m in modules])
 
 
 def _rms_norm(x: Tensor, norm: nn.Module) -> Tensor:
     """transformers' RMSNorm: normalised in float32, rounded to ``x``'s dtype, then weighted."""
-    return fused.rms_norm(x, norm.weight, norm.variance_epsilon)
+    return backend.active().rms_norm(x, norm.weight, norm.variance_epsilon)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary position embedding of ``x`` (last dimension: the head's, in two halves) at the
     angles whose cosines and sines are ``cos``/``sin`` (broadcast against ``x``)."""
-    return fused.rotate(x, cos, sin)
-
-
-# where SDPA attends: on a CPU, plain matmul-softmax trains faster at RL lengths
-FUSED_ATTENTION_DEVICES = ("cuda",)
-
-
-def fused_attention(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor,
-                    scale: float) -> Tensor:
-    """:func:`_attend` by PyTorch's fused attention (SDPA: flash-style kernels on a GPU, which
-    never hold the ``[L, T]`` scores). The bias in the queries' dtype: masked columns at that
-    dtype's lowest finite value, so a row with none allowed (left padding) stays finite."""
-    rows, heads, width, dim = query.shape
-    mask = bias.to(query.dtype).clamp(min=torch.finfo(query.dtype).min)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != heads)
-    return out.transpose(1, 2).reshape(rows, width, heads * dim)
+    return backend.active().rotate(x, cos, sin)
 
 
 def _attend(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: float) -> Tensor:
     """``[B, L, heads * d]``: ``query [B, heads, L, d]`` over ``keys`` and ``values [B,
     kv_heads, T, d]``, the scores times ``scale``; query head ``h`` reads key/value head
-    ``h // group``. The softmax with its scale and bias is one kernel where
-    ``postrl.models.fused`` has it; elsewhere the scale multiplies the queries, the smaller
-    tensor. On AMX tiles in bf16, one kernel forward and one backward
-    (``postrl.models.tile_attention``)."""
-    if tile_attention.serves(query, keys, values, bias):
-        return tile_attention.attention(query, keys, values, bias, scale)
-    if query.device.type in FUSED_ATTENTION_DEVICES:
-        return fused_attention(query, keys, values, bias, scale)
-    rows, heads, width, dim = query.shape
-    kv_heads, columns = keys.shape[1], keys.shape[2]
-    group = heads // kv_heads
-    fuse = fused.fuses_attention(query, bias, columns)
-    scores = torch.matmul((query if fuse else query * scale).reshape(
-        rows, kv_heads, group * width, dim), keys.transpose(2, 3))
-    if fuse:
-        weights = fused.attention_weights(scores.view(rows, heads, width, columns), bias, scale)
-    else:
-        scores = (scores.view(rows, kv_heads, group, width, columns) + bias[:, :, None]).view(
-            rows, kv_heads, group * width, columns)
-        # float32 at least (float64 stays float64: its masked -1.8e308 would become -inf)
-        softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
-        weights = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(query.dtype)
-    out = torch.matmul(weights.view(rows, kv_heads, group * width, columns), values)
-    return out.view(rows, heads, width, dim).transpose(1, 2).reshape(rows, width, heads * dim)
+    ``h // group`` (:func:`postrl.models.ops.attention`, or the backend's)."""
+    return backend.active().attention(query, keys, values, bias, scale)

@@ -109,8 +109,8 @@ def load_tokenizer(spec: str):
     return tokenizer
 
 
-# Plain matmul-softmax attention: at RL lengths (a few hundred tokens) on a CPU its backward is
-# about 30% faster than SDPA's flash kernel (bench/roofline.py, docs/performance.md).
+# Plain matmul-softmax attention: at RL lengths (a few hundred tokens) on a CPU its backward
+# measured faster than SDPA's flash kernel (bench/roofline.py, docs/performance-log.md).
 ATTENTION = "eager"
 
 

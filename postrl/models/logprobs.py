@@ -28,10 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache
 
-from postrl.models import layers, tiles
+from postrl.models import backend, layers
+from postrl.models.backend import OpenRecord, RecordHandle
 from postrl.models.packing import Packing, attention_bias, pack_responses
-from postrl.models.recorded import RecordedRows, recorded_linear
-from postrl.models.vocab import logprob_and_entropy
 
 
 @dataclass
@@ -43,7 +42,8 @@ class SequenceBatch:
     position_ids: Tensor  # [N, P + T]
     prompt_width: int  # P: responses start at this column
     # the sampler's record of these rows' forward, read instead of multiplying while fresh
-    recorded: RecordedRows | None = None
+    # (opened only by the backend that wrote it)
+    recorded: RecordHandle | None = None
 
     @classmethod
     def build(cls, prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor,
@@ -83,13 +83,13 @@ def response_logprobs(
     layers run compiled (``torch_compile``; :func:`postrl.models.layers.body`).
     """
     response_width = batch.input_ids.shape[1] - batch.prompt_width
-    recorded = usable_record(model, batch)
+    recorded = None if batch.recorded is None else batch.recorded.open(model)
     hidden, recorded = response_hidden(model, batch, share_prompts, compile_layers, recorded)
     # only response tokens (the attention mask's response part) go through the LM head,
     # chunk_rows * T at a time
     scored = batch.attention_mask[:, batch.prompt_width:].bool()
     hidden, targets = hidden[scored], batch.input_ids[:, batch.prompt_width:][scored]
-    logit_slots = None if recorded is None else recorded.logit_slots(*scored.nonzero().unbind(1))
+    known_logits = None if recorded is None else recorded.logits(*scored.nonzero().unbind(1))
     chunk = chunk_rows * max(response_width, 1)
     head = lm_head_chunks(model) if head_grad_in_place else model.lm_head
     head = _plain_head(head) if isinstance(head, nn.Module) else head
@@ -97,9 +97,8 @@ def response_logprobs(
     # at least one (possibly empty) chunk, so that a batch without a scored token still gives
     # a result attached to the graph (a zero loss that can be back-propagated)
     for start in range(0, max(hidden.shape[0], 1), chunk):
-        logits = (None if logit_slots is None else
-                  recorded.record.logits.index_select(0, logit_slots[start : start + chunk]))
-        logp, entropy = logprob_and_entropy(
+        logits = None if known_logits is None else known_logits(start, start + chunk)
+        logp, entropy = backend.active().logprob_and_entropy(
             head(hidden[start : start + chunk], logits), targets[start : start + chunk],
             temperature, entropy_grad and torch.is_grad_enabled(), with_entropy)
         logps.append(logp)
@@ -107,18 +106,9 @@ def response_logprobs(
     return _unflatten(logps, scored), _unflatten(entropies, scored) if with_entropy else None
 
 
-def usable_record(model, batch: SequenceBatch) -> RecordedRows | None:
-    """``batch.recorded`` when it records ``model``'s forward at its current weights, outside
-    autocast (the record is in the weights' dtype, autocast computes in another), else None."""
-    recorded = batch.recorded
-    if recorded is None or torch.is_autocast_enabled("cpu") or not recorded.record.fresh(model):
-        return None
-    return recorded
-
-
 def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
-                    compile_layers: bool = False, recorded: RecordedRows | None = None
-                    ) -> tuple[Tensor, RecordedRows | None]:
+                    compile_layers: bool = False, recorded: OpenRecord | None = None
+                    ) -> tuple[Tensor, OpenRecord | None]:
     """``([N, T, H], recorded or None)``: the last hidden states that predict each response
     token (the one at column ``c`` predicts the token at ``c + 1``), and ``recorded`` if the
     layers read it (see below). Llama-style models run postrl's own layers when prompts are
@@ -144,10 +134,10 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
     if packing is not None:
         if own:  # the prompts' and the responses' tokens through each linear together
             bias = attention_bias(packing, prompt_mask, body.dtype)  # the residual stream's
-            slots = (None if recorded is None else
-                     _recorded_slots(recorded, batch, prompts, prompt_mask, packing))
+            known = (None if recorded is None else
+                     recorded.layer_outputs(batch, prompts, prompt_mask, packing))
             prompt, packed = body.forward_with_prompts(prompt_ids, prompt_positions, prompt_mask,
-                                                       packing, bias, recorded=slots)
+                                                       packing, bias, known)
         else:
             recorded = None
             prompt, past = body.forward(prompt_ids, prompt_positions, prompt_mask, keep=True)
@@ -166,24 +156,12 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
     return torch.cat([prompt[rows, -1:], responses], dim=1), None
 
 
-def _recorded_slots(recorded: RecordedRows, batch: SequenceBatch, prompts: Tensor,
-                    prompt_mask: Tensor, packing: Packing) -> tuple[RecordedRows, Tensor]:
-    """The record's slot of every token :func:`postrl.models.layers.body_with_prompts` runs:
-    the distinct prompts' (``prompts``: their first rows), then the packed rows'."""
-    prompt_slots = recorded.prompt_slots(prompts, batch.prompt_width, prompt_mask)
-    prompt_lengths = batch.attention_mask[:, : batch.prompt_width].sum(dim=1)
-    rows = packing.segments  # negative on padding
-    columns = packing.position_ids - prompt_lengths[rows.clamp(min=0)]
-    slots = recorded.response_slots(rows, columns)
-    return recorded, torch.cat([prompt_slots.flatten(), slots.flatten()])
-
-
 def _plain_head(head: nn.Module) -> Callable[[Tensor, Tensor | None], Tensor]:
     """``head`` for one chunk, or its ``output`` already known (the sampler's record)."""
     def chunk_logits(hidden: Tensor, output: Tensor | None = None) -> Tensor:
         if output is None:
             return head(hidden)
-        return recorded_linear(hidden, head.weight, output, head.bias)
+        return backend.active().linears(hidden, [head.weight], [head.bias], [output])[0]
 
     return chunk_logits
 
@@ -206,15 +184,14 @@ class _OwnLayers:
         return layers.body(self.model, input_ids, position_ids, mask, past, self.compiled)
 
     def forward_with_prompts(self, prompt_ids: Tensor, prompt_positions: Tensor,
-                             prompt_mask: Tensor, packing: Packing, bias: Tensor,
-                             recorded: tuple[RecordedRows, Tensor] | None = None):
+                             prompt_mask: Tensor, packing: Packing, bias: Tensor, known=None):
         """``(prompt hidden states, packed rows' hidden states)``: the two forwards of
         :meth:`forward` (the prompts, then the packed rows after them) in one pass;
-        ``recorded``: see :func:`postrl.models.layers.body_with_prompts`."""
+        ``known``: see :func:`postrl.models.layers.body_with_prompts`."""
         prompt_bias = layers.causal_bias(prompt_mask, self.dtype)
         return layers.body_with_prompts(self.model, prompt_ids, prompt_positions, prompt_bias,
                                         packing.input_ids, packing.position_ids, bias,
-                                        packing.prompts, self.compiled, recorded)
+                                        packing.prompts, self.compiled, known)
 
     @staticmethod
     def select(past: layers.KeysValues, rows: Tensor) -> layers.KeysValues:
@@ -303,7 +280,7 @@ class _HeadChunk(torch.autograd.Function):
             parameter.grad.addmm_(flat, inputs)
         else:  # autocast: the product in its dtype, the sum in the weight's
             parameter.grad.add_(flat @ inputs)
-        return tiles.input_grad(grad, weight), None, None
+        return backend.active().input_grad(grad, weight), None, None
 
 
 def cache_keyword(module) -> str:

@@ -24,9 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from postrl.models import fused
-
-PRECISIONS = ("fp32", "bf16", "bf16-master")
+from postrl.models import backend
 
 
 def autocast(precision: str, device_type: str = "cpu"):
@@ -63,7 +61,7 @@ _MASTERS = WeakTensorKeyDictionary()  # working parameter -> its float32 master
 def master_of(weight: Tensor) -> nn.Parameter | None:
     """The float32 master of a ``bf16-master`` working parameter, where its gradient goes; None
     for any other tensor. A backward may add a float32 gradient into the master's ``.grad``
-    itself (``postrl.models.tiles``) rather than give the working parameter a bf16 one."""
+    itself (a backend's, on AMX tiles) rather than give the working parameter a bf16 one."""
     return _MASTERS.get(weight)
 
 
@@ -90,7 +88,7 @@ class MasterWeights:
             if master.grad is None:
                 master.grad = working.grad.to(torch.float32)
             else:
-                fused.add_into(master.grad, working.grad)
+                backend.active().add_into(master.grad, working.grad)
             working.grad = None
         return hook
 
@@ -116,9 +114,8 @@ def cpu_bf16_reason() -> str | None:
 
     PyTorch runs bf16 matmuls on the CPU through oneDNN where oneDNN supports bf16 on the CPU
     (AVX-512; natively with AVX512-BF16 or AMX) and through generic fallback kernels elsewhere.
-    Measured on a 2-core AMD EPYC with AVX2 only (2026-12-01): a bf16 linear at SmolLM2's
-    shapes (1,000 x 576 -> 1,536) ran at 17 GFLOP/s against 112 in float32, and a 2,048-wide
-    square bf16 matmul at 0.3 GFLOP/s against 92."""
+    On a CPU with AVX2 only those measured several times slower than float32
+    (docs/performance-log.md)."""
     if cpu_has_fast_bf16():
         return None
     return (f"this CPU has no fast bf16 matmuls (PyTorch's CPU capability: "

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from postrl.errors import ConfigError
-from postrl.models.recorded import RecordedRows
+from postrl.models.backend import RecordHandle
 
 FINISH_REASONS = ("eos", "length", "stop")
 
@@ -61,8 +61,8 @@ class Rollouts:
     texts: list[str]  # decoded responses, special tokens removed
     group_size: int
     entropies: Tensor | None = None  # the sampling policy's entropy at each position; 0 off-mask
-    # the sampler's forward, recorded for the update (``postrl.models.recorded``)
-    recorded: RecordedRows | None = None
+    # the sampler's forward, recorded for the update by a backend (opened only by it)
+    recorded: RecordHandle | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -1,4 +1,4 @@
-"""The default rollout backend: a lean sampling loop over a transformers causal LM.
+"""The default rollout engine: a lean sampling loop over a transformers causal LM.
 
 All ``P*G`` rows are generated together (in chunks of ``batch_size`` rows) with a KV cache:
 one prefill over the left-padded prompts — each prompt once, its cache then shared by its G
@@ -6,70 +6,54 @@ samples — then one forward per new token over the rows still generating: finis
 dropped from the batch (and the cache) as they accumulate, so a batch with a few long answers
 does not pay for the short ones.
 
-Llama-style models on the CPU are run by :mod:`postrl.rollout.lean` (fused, packed weights
-snapshotted at every ``generate`` call; a preallocated cache; in float32 on a CPU with
-AVX-512, postrl's own kernels: :mod:`postrl.rollout.native`); any other model, and any model
-on a GPU, by transformers' own forward. The sampling loop runs on the model's device; the
-per-response generators stay on the CPU (the same draws on any device), and the rollouts come
-back on the CPU. With ``precision="bf16"`` or ``"bf16-master"`` both sample in bfloat16 from a
-copy of the current weights (autocast would re-cast every weight at every token); otherwise in
-the policy's dtype. With ``record_forward``, the lean forward also writes down every linear
-layer's output, for an update that then need not recompute them (``postrl.models.recorded``):
-in float32, or in bf16 from ``scoring_model``, ``bf16-master``'s working copy.
+Where the backend (``postrl.models.backend``) has a faster sampling forward for the model on
+the CPU, it runs each step (``postrl.accel``'s: fused, packed weights snapshotted at every
+``generate`` call, a preallocated cache, native kernels where the CPU has them); any other
+model, any model on a GPU, and every model without a backend, by transformers' own forward.
+The sampling loop runs on the model's device; the per-response generators stay on the CPU
+(the same draws on any device), and the rollouts come back on the CPU. With
+``precision="bf16"`` or ``"bf16-master"`` both sample in bfloat16 from a copy of the current
+weights (autocast would re-cast every weight at every token); otherwise in the policy's
+dtype. With ``record_forward``, the backend's forward may also write down every
+linear layer's output, for an update that then need not recompute them: in float32, or in
+bf16 from ``scoring_model``, ``bf16-master``'s working copy.
 """
 
 from __future__ import annotations
 
-import os
 from functools import partial
 
 import torch
+from torch import nn
 from transformers import DynamicCache
 
+from postrl.models import backend
 from postrl.models.logprobs import cache_keyword
 from postrl.models.precision import bf16_copy, sampling_dtype
-from postrl.models.recorded import (
-    RecordedForward,
-    RecordedRows,
-    RecordMemory,
-    flops_per_recorded_byte,
-    record_bytes,
-    record_dtype,
-)
 from postrl.rollout.base import Rollouts, SamplingParams, cat_right_padded
-from postrl.rollout.lean import LeanDecoder, unsupported_reason
-from postrl.rollout.lean_weights import LeanWeights
 from postrl.rollout.sampling import next_tokens, row_generators
 
 COMPACT_FRACTION = 0.25  # drop finished rows once they are this share of the running batch
-# the most of the machine's memory a recorded forward may take (at most, every slot written)
-RECORD_MEMORY_SHARE = 0.25
-# the least a recorded forward must save per byte written and read back: SmolLM2 (329 FLOPs
-# a byte) updated 32% faster reading its record; the tiny test model (32), whose forward is
-# mostly its LM head, sampled and trained 3-12% slower (docs/performance.md)
-RECORD_MIN_FLOPS_PER_BYTE = 100.0
 
 
 class HFRolloutEngine:
     def __init__(self, model, tokenizer, batch_size: int | None = None,
                  precision: str = "fp32", lean: bool = True, entropies: bool = False,
                  record_forward: bool = False) -> None:
-        """``lean=False`` samples with transformers' forward even where the lean one applies;
+        """``lean=False`` samples with transformers' forward even where the backend's applies;
         ``entropies`` records the policy's entropy at every position (``Rollouts.entropies``;
-        under 1% of the generation's time at SmolLM2's size); ``record_forward`` records the
-        sampler's linear outputs for the update (``Rollouts.recorded``; only where the lean
-        forward samples in the dtype of :attr:`scoring_model`, all rows in one chunk, the
-        record fits :data:`RECORD_MEMORY_SHARE` of the memory and saves at least
-        :data:`RECORD_MIN_FLOPS_PER_BYTE`)."""
+        a pass over the vocabulary per token); ``record_forward`` records the
+        sampler's linear outputs for the update (``Rollouts.recorded``; only where the
+        backend's decoding samples, all rows in one chunk, and it agrees: its ``recorder``)."""
         self.model = model
         # the model whose forward the update runs: ``model``, or bf16-master's working copy
-        # (bf16 weights equal to ``model``'s, rounded), which the lean forward then samples
+        # (bf16 weights equal to ``model``'s, rounded), which the fast forward then samples
         # from, so that a record in bf16 is that copy's own forward
         self.scoring_model = model
         self.entropies = entropies
         self.record_forward = record_forward
-        self._record_memory = RecordMemory()
-        self.lean = lean and unsupported_reason(model) is None
+        # the backend's faster sampling forward for this model (None: transformers')
+        self.fast = backend.active().decoding(model) if lean else None
         self.precision = precision
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -90,9 +74,10 @@ class HFRolloutEngine:
         generators = row_generators(seed, first_prompt, len(prompts), group_size)
         chunk = max((self.batch_size or len(rows)) // group_size, 1)  # prompts per chunk
         model = self._sampling_model(min(chunk * group_size, len(rows)))
-        record = (RecordedForward(self.scoring_model, [len(p) for p in prompts], group_size,
-                                  params.max_new_tokens, self._record_memory)
-                  if self._records(model, prompts, chunk, group_size, params) else None)
+        record = (self.fast.recorder(self.scoring_model, model, [len(p) for p in prompts],
+                                     group_size, params.max_new_tokens)
+                  if self.record_forward and _is_snapshot(model) and chunk >= len(prompts)
+                  else None)
         parts = [self._generate_rows(model, prompts[i : i + chunk], group_size, params,
                                      generators[i * group_size : (i + chunk) * group_size],
                                      record)
@@ -106,28 +91,17 @@ class HFRolloutEngine:
         texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
         return Rollouts(rows, response_ids, mask, logprobs, lengths, reasons, texts, group_size,
                         entropies,
-                        None if record is None else RecordedRows(record, torch.arange(len(rows))))
-
-    def _records(self, model, prompts, chunk: int, group_size: int,
-                 params: SamplingParams) -> bool:
-        """Whether this call records its forward (see ``record_forward``)."""
-        scoring = self.scoring_model
-        if not (self.record_forward and isinstance(model, LeanWeights)
-                and model.dtype == record_dtype(scoring) and chunk >= len(prompts)
-                and flops_per_recorded_byte(scoring) >= RECORD_MIN_FLOPS_PER_BYTE):
-            return False
-        size = record_bytes(scoring, len(prompts), max(len(p) for p in prompts), group_size,
-                            params.max_new_tokens)
-        return size <= RECORD_MEMORY_SHARE * physical_memory_bytes()
+                        None if record is None else self.fast.handle(record, len(rows)))
 
     @torch.no_grad()
     def _sampling_model(self, rows: int):
-        """What samples this call: lean weights, the policy itself, or its bf16 copy."""
+        """What samples this call: the backend's snapshot of the weights, the policy itself,
+        or its bf16 copy."""
         dtype = sampling_dtype(self.precision, self.model.dtype)
-        if self.lean and model_device(self.model).type == "cpu":
+        if self.fast is not None and model_device(self.model).type == "cpu":
             # the scoring model's weights, in the sampling dtype: the policy's, or those of its
             # bf16 working copy (the same bf16 values, the copy refreshed at every step)
-            return LeanWeights.of(self.scoring_model, dtype, rows)
+            return self.fast.snapshot(self.scoring_model, dtype, rows)
         if self.precision == "fp32":
             return self.model
         if self._copy is None:  # bf16 parameters from the start: no float32 copy, no grads
@@ -138,8 +112,8 @@ class HFRolloutEngine:
 
     @torch.inference_mode()
     def _generate_rows(self, model, prompts, group_size, params, generators, record=None):
-        if isinstance(model, LeanWeights):
-            return self._sample(partial(self._prefill_lean, record=record), model, prompts,
+        if _is_snapshot(model):
+            return self._sample(partial(self.fast.prefill, record=record), model, prompts,
                                 group_size, params, generators)
         was_training = model.training
         model.eval()
@@ -148,12 +122,6 @@ class HFRolloutEngine:
                                 generators)
         finally:
             model.train(was_training)
-
-    def _prefill_lean(self, weights, input_ids, attention, positions, group_size, steps,
-                      record=None):
-        decoder = LeanDecoder(weights, input_ids, attention, positions, group_size, steps,
-                              record=record)
-        return decoder.first_logits, decoder
 
     def _prefill_transformers(self, model, input_ids, attention, positions, group_size, steps):
         cache = DynamicCache(config=model.config)
@@ -233,16 +201,17 @@ def left_padded(prompts: list[list[int]], pad_id: int
     return input_ids, attention, (attention.cumsum(dim=1) - 1).clamp(min=0)
 
 
-def physical_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def model_device(model) -> torch.device:
-    """Where ``model`` computes: the lean forward's packed weights are on the CPU; a
+    """Where ``model`` computes: a backend's snapshot of the weights on the CPU; a
     transformers model (the fallback, e.g. on a GPU) wherever its parameters are."""
-    if isinstance(model, LeanWeights):
+    if _is_snapshot(model):
         return torch.device("cpu")
     return next(model.parameters()).device
+
+
+def _is_snapshot(model) -> bool:
+    """Whether ``model`` is a backend's snapshot of weights (not a module to call)."""
+    return not isinstance(model, nn.Module)
 
 
 class TransformersDecoder:

@@ -5,10 +5,9 @@ Sampling is keyed per response: response ``j`` of prompt ``i`` draws its randomn
 own generator, seeded by ``(seed, i, j)`` alone (:func:`row_seed`). Which other prompts share
 the batch, how rows are chunked, or which rollout worker runs them never changes the random
 numbers a response sees. A token is drawn by inversion: one uniform ``u`` per row and step,
-and the first token whose cumulative probability (summed in float64) exceeds ``u``. On a CPU
-with postrl's native kernels (``postrl.rollout.native``), an untruncated draw is theirs: the
-same rule, in three reading passes per row (the same tokens but where ``u`` falls within
-float rounding of a boundary).
+and the first token whose cumulative probability (summed in float64) exceeds ``u``. A backend
+may draw untruncated tokens itself (``postrl.models.backend``: ``Backend.draw``) by the same
+rule: the same tokens but where ``u`` falls within float rounding of a boundary.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ import hashlib
 import torch
 from torch import Tensor
 
+from postrl.models import backend
 from postrl.rollout.base import SamplingParams
-from postrl.rollout.native import native_kernels
 
 
 def top_k_truncates(top_k: int, vocab: int) -> bool:
@@ -76,11 +75,10 @@ def next_tokens(logits: Tensor, params: SamplingParams, generators: list[torch.G
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)
         return (tokens, *_logprob_and_entropy(logits, tokens, None, with_entropy))
-    native = native_kernels() if logits.device.type == "cpu" else None
     truncating = top_k_truncates(params.top_k, logits.shape[-1]) or params.top_p < 1.0
-    if native is not None and not truncating:
-        return native.sample(logits, params.temperature, uniforms(generators).flatten(),
-                             with_entropy)
+    if not truncating and backend.active().draws(logits):
+        return backend.active().draw(logits, params.temperature,
+                                     uniforms(generators).flatten(), with_entropy)
     scaled = logits / params.temperature
     truncated = truncate_logits(scaled, params.top_k, params.top_p)
     probs = torch.softmax(truncated, dim=-1)

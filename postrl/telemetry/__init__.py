@@ -15,10 +15,9 @@ from postrl.telemetry.sinks import (
     MultiSink,
     Sink,
     check_metrics,
-    make_sinks,
     read_metrics,
-    valid_report_to,
 )
+from postrl.telemetry.trackers import make_sinks, valid_report_to
 
 __all__ = [
     "BY_NAME",

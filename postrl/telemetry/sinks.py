@@ -146,47 +146,10 @@ class MultiSink:
         self.close()
 
 
-def make_sinks(report_to: Iterable[str], run_dir: Path | str) -> list[Sink]:
-    """The optional tracker sinks named in ``report_to``, writing under ``run_dir``.
-
-    Valid names: ``tensorboard``, ``wandb`` (offline), ``mlflow`` (local file store),
-    ``trackio`` (local); ``none`` is accepted and adds nothing. The JSONL sink is not
-    among them: it is always on. Every package is checked before any sink is created,
-    so a missing one raises :class:`~postrl.errors.ConfigError` (naming ``report_to``
-    and the pip command) without leaving half-opened trackers behind.
-    """
-    from postrl.telemetry import trackers  # imports no tracker package until needed
-
-    names = list(dict.fromkeys(name for name in report_to if name != "none"))
-    for name in names:
-        trackers.require(name)
-    return [trackers.TRACKERS[name](Path(run_dir)) for name in names]
-
-
-def check_sinks(report_to: Iterable[str]) -> None:
-    """ConfigError for an unknown name in ``report_to`` or a tracker package that is missing
-    (what :func:`make_sinks` would raise), creating nothing."""
-    from postrl.telemetry import trackers
-
-    for name in dict.fromkeys(report_to):
-        if name != "none":
-            trackers.require(name)
-
-
-def valid_report_to() -> list[str]:
-    """Every name ``report_to`` accepts."""
-    from postrl.telemetry.trackers import TRACKERS
-
-    return ["none", *TRACKERS]
-
-
 __all__ = [
     "JsonlSink",
     "MultiSink",
     "Sink",
     "check_metrics",
-    "check_sinks",
-    "make_sinks",
     "read_metrics",
-    "valid_report_to",
 ]

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
 from postrl.errors import ConfigError
-from postrl.telemetry.sinks import check_metrics
+from postrl.telemetry.sinks import Sink, check_metrics
 
 PROJECT = "postrl"
 
@@ -143,3 +144,31 @@ TRACKERS: dict[str, type] = {
     "mlflow": MlflowSink,
     "trackio": TrackioSink,
 }
+
+
+def make_sinks(report_to: Iterable[str], run_dir: Path | str) -> list[Sink]:
+    """The optional tracker sinks named in ``report_to``, writing under ``run_dir``.
+
+    Valid names: ``tensorboard``, ``wandb`` (offline), ``mlflow`` (local file store),
+    ``trackio`` (local); ``none`` is accepted and adds nothing. The JSONL sink is not
+    among them: it is always on. Every package is checked before any sink is created,
+    so a missing one raises :class:`~postrl.errors.ConfigError` (naming ``report_to``
+    and the pip command) without leaving half-opened trackers behind.
+    """
+    names = list(dict.fromkeys(name for name in report_to if name != "none"))
+    for name in names:
+        require(name)
+    return [TRACKERS[name](Path(run_dir)) for name in names]
+
+
+def check_sinks(report_to: Iterable[str]) -> None:
+    """ConfigError for an unknown name in ``report_to`` or a tracker package that is missing
+    (what :func:`make_sinks` would raise), creating nothing."""
+    for name in dict.fromkeys(report_to):
+        if name != "none":
+            require(name)
+
+
+def valid_report_to() -> list[str]:
+    """Every name ``report_to`` accepts."""
+    return ["none", *TRACKERS]

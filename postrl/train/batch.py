@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from postrl.models.backend import RecordHandle
 from postrl.models.logprobs import SequenceBatch
-from postrl.models.recorded import RecordedRows
 from postrl.objectives import advantages as adv
 from postrl.objectives import kl_penalty
 from postrl.recipes import Recipe
@@ -42,9 +42,9 @@ class TrainBatch:
     # the sampler's log-prob of each token it drew (the behaviour policy; 0 off-mask): the
     # mismatch between sampler and trainer is measured and corrected against it
     sampler_logp: Tensor | None = None
-    # the sampler's forward, when it recorded one for all the rows (``postrl.models.recorded``):
+    # the sampler's forward, when it recorded one for all the rows (``postrl.accel.recorded``):
     # the update reads its linears' outputs instead of multiplying, while it is fresh
-    recorded: RecordedRows | None = None
+    recorded: RecordHandle | None = None
 
     @property
     def rows(self) -> int:
@@ -86,18 +86,18 @@ def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
     )
 
 
-def _recorded(groups: list[Group]) -> RecordedRows | None:
+def _recorded(groups: list[Group]) -> RecordHandle | None:
     """The groups' rows of the one record they all come from (None without one)."""
     parts = [g.rollouts.recorded for g in groups]
-    if any(p is None for p in parts) or len({id(p.record) for p in parts}) != 1:
+    if not parts or any(p is None for p in parts):
         return None
-    return RecordedRows(parts[0].record, torch.cat([p.rows for p in parts]))
+    return parts[0].join(parts)
 
 
 def compute_advantages(recipe: Recipe, batch: TrainBatch, kl_coef_in_reward: float,
                        old_logp: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """Per-token advantages ``[N, T]`` (0 off-mask) and, for GAE, the returns. Branches on
-    the advantage component only (ALGORITHMS.md §1)."""
+    the advantage component only (docs/algorithms.md §1)."""
     mask = batch.response_mask
     rewards = batch.rewards
     penalty = None

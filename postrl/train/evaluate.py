@@ -96,13 +96,27 @@ def _generate(engine, tokenizer, prompts, group_size, params, seed) -> tuple[lis
     return rollouts.texts, rollouts.lengths.tolist()
 
 
-def evaluate(
-    model: Any, tokenizer: Any, task: Task, n: int | None, ks: Sequence[int],
-    temperature: float = 1.0, max_new_tokens: int = 64, seed: int = 0,
-    system_prompt: str | None = None, batch_prompts: int = 8, model_name: str = "",
-) -> EvalResult:
-    """Greedy pass@1 and (when some k > 1) unbiased pass@k from max(ks) samples per problem,
-    on the first ``n`` test problems (all when None), ``batch_prompts`` prompts at a time."""
+@dataclass(frozen=True)
+class EvalSettings:
+    """What :func:`evaluate` measures: greedy pass@1 and, when some k of ``ks`` > 1, pass@k
+    from ``max(ks)`` samples per problem at ``temperature``, on the first ``n`` test problems
+    (all when None), ``batch_prompts`` prompts at a time."""
+
+    n: int | None
+    ks: Sequence[int] = (1,)
+    temperature: float = 1.0
+    max_new_tokens: int = 64
+    seed: int = 0
+    system_prompt: str | None = None
+    batch_prompts: int = 8
+
+
+def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
+             model_name: str = "") -> EvalResult:
+    """Greedy pass@1 and (when some k > 1) unbiased pass@k, as ``settings`` say."""
+    n, ks, temperature = settings.n, settings.ks, settings.temperature
+    max_new_tokens, seed, batch_prompts = (settings.max_new_tokens, settings.seed,
+                                           settings.batch_prompts)
     if not ks or any(k < 1 for k in ks):
         raise ConfigError(f"ks must be positive integers, got {list(ks)}")
     if n is not None and n < 1:
@@ -116,7 +130,7 @@ def evaluate(
     greedy, correct, lengths, sampled_lengths = [], [], [], []
     for index in range(0, len(examples), batch_prompts):
         chunk = examples[index : index + batch_prompts]
-        prompts = [build_prompt(tokenizer, ex.question, system_prompt) for ex in chunk]
+        prompts = [build_prompt(tokenizer, ex.question, settings.system_prompt) for ex in chunk]
         texts, chunk_lengths = _generate(engine, tokenizer, prompts, 1, greedy_params, seed)
         greedy += count_correct(verifier, chunk, prompts, texts, 1)
         lengths += chunk_lengths
@@ -204,9 +218,9 @@ def run_eval(args: argparse.Namespace) -> int:
     spec = resolve_eval_model(args.model)
     task = load_task(args.task, **parse_task_options(args.task_option))
     model, tokenizer = load_policy(spec, seed=args.seed)
-    result = evaluate(model, tokenizer, task, args.n, ks, temperature=args.temperature,
-                      max_new_tokens=args.max_new_tokens, seed=args.seed,
-                      system_prompt=args.system_prompt, model_name=spec)
+    settings = EvalSettings(args.n, ks, args.temperature, args.max_new_tokens, args.seed,
+                            args.system_prompt)
+    result = evaluate(model, tokenizer, task, settings, model_name=spec)
     print(json.dumps(asdict(result)) if args.json else format_result(result))
     return 0
 

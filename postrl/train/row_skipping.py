@@ -29,7 +29,7 @@ from postrl.train.batch import TrainBatch
 def advantage_terms_only(loss_cfg: PolicyLossConfig, critic: bool) -> bool:
     """Whether the update's only per-token terms are the surrogate's: no KL in the loss, no
     entropy bonus, and no critic to train. Every surrogate is ``ratio * advantage`` in some
-    form (ALGORITHMS.md §2), so a row without a non-zero advantage then has no gradient."""
+    form (docs/algorithms.md §2), so a row without a non-zero advantage then has no gradient."""
     return not (critic or loss_cfg.kl_coef or loss_cfg.entropy_coef)
 
 
@@ -89,8 +89,8 @@ def unscored_rows_possible(recipe: Recipe, loss_cfg: PolicyLossConfig,
     far as its configuration tells: one update per batch, no reference, no critic, no KL or
     entropy term in the loss (:func:`advantage_terms_only`), and groups without variance
     reach the update (no dynamic sampling); on one process or several. The trainer asks the
-    sampler for its entropies only then: recording them costs under 1% of the generation at
-    SmolLM2's size and 5-8% at the tiny model's (``bench/unscored_rows_ab.py sampler``)."""
+    sampler for its entropies only then (what recording them costs the generation:
+    ``bench/unscored_rows_ab.py sampler``)."""
     return (advantage_terms_only(loss_cfg, recipe.critic) and updates_per_batch == 1
             and not recipe.needs_reference and not recipe.dynamic_sampling)
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from postrl.config import TrainConfig
-from postrl.models import load_policy
+from postrl.models import backend, load_policy
 from postrl.models.policy import apply_lora, causal_lm
 from postrl.recipes import Recipe
 from postrl.train.row_skipping import unscored_rows_possible
@@ -25,7 +25,8 @@ def seed_everything(seed: int) -> None:
 
 def load_trained_policy(cfg: TrainConfig):
     """``(policy, tokenizer)``: the model of ``cfg`` with LoRA adapters if asked (every
-    process that holds a replica builds it this way)."""
+    process that holds a replica builds it this way, and chooses its backend here)."""
+    backend.use(cfg.backend)
     model, tokenizer = load_policy(cfg.model, seed=cfg.seed)
     if cfg.lora.r:
         model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout,
@@ -72,11 +73,11 @@ def records_entropies(cfg: TrainConfig, recipe: Recipe) -> bool:
 
 def records_forward(cfg: TrainConfig) -> bool:
     """Whether the sampler records its forward for the update (``reuse_sampler_forward``,
-    ``postrl.models.recorded``): where the update's forward runs in this process, in the
+    a backend's record): where the update's forward runs in this process, in the
     sampler's dtype, on the weights the sampler ran (one update per batch): ``fp32``, and
     ``bf16-master``, whose sampler runs the bf16 working copy that the update trains
-    (``bf16`` autocast trains float32 weights: no). The engine then records only calls its
-    lean forward runs, in one chunk, whose record fits its memory share. With
+    (``bf16`` autocast trains float32 weights: no). The engine then records only calls the
+    backend's sampling forward runs, in one chunk, where the backend agrees. With
     ``torch_compile`` too: layers reading a record run eagerly (faster than compiled ones,
     which stay for micro-batches without a record)."""
     return (cfg.reuse_sampler_forward and cfg.launcher == "local" and cfg.train_workers == 1

@@ -29,9 +29,10 @@ from postrl.tasks import build_prompt, load_task
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
 from postrl.telemetry.run_dir import check_out_path
 from postrl.telemetry.run_lock import RunLock
-from postrl.telemetry.sinks import check_sinks
+from postrl.telemetry.trackers import check_sinks
 from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
-from postrl.train.evaluate import evaluate
+from postrl.train.distributed.weights import trainable_state
+from postrl.train.evaluate import EvalSettings, evaluate
 from postrl.train.metrics import sample_rows, step_metrics
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
 from postrl.train.sampling import Group, PromptSampler, collect
@@ -138,7 +139,7 @@ class Trainer:
             self.engine.scoring_model = self.master.working
         self.cluster = None
         if cfg.launcher == "ray":  # rollout actors and trainer workers start from this state
-            from postrl.distributed.cluster import start_cluster
+            from postrl.train.distributed.cluster import start_cluster  # Ray: an optional extra
 
             self.cluster = start_cluster(self)
             self.engine = self.cluster.rollout
@@ -228,7 +229,7 @@ class Trainer:
             timings["train"] = time.perf_counter() - t
         for group in collected.generated:  # no record is read after the update
             if group.rollouts.recorded is not None:
-                group.rollouts.recorded.record.release()
+                group.rollouts.recorded.release()
         self._guard(update_metrics.pop("guard/skipped_updates", 0.0) > 0, update_metrics)
         with warnings.catch_warnings():
             if self.cluster is not None:  # here the optimizer holds the schedule; workers step
@@ -265,9 +266,9 @@ class Trainer:
         if not self.cfg.eval_every or self.step % self.cfg.eval_every:
             return {}
         started = time.perf_counter()
-        result = evaluate(self.lm, self.tokenizer, self.task, self.cfg.eval_n, [1],
-                          max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed,
-                          system_prompt=self.cfg.system_prompt)
+        settings = EvalSettings(self.cfg.eval_n, max_new_tokens=self.cfg.max_new_tokens,
+                                seed=self.cfg.seed, system_prompt=self.cfg.system_prompt)
+        result = evaluate(self.lm, self.tokenizer, self.task, settings)
         return {"eval/accuracy": result.pass_at_1_greedy, "eval/mean_length": result.mean_length,
                 "time/eval_s": time.perf_counter() - started}
 
@@ -389,7 +390,5 @@ class Trainer:
                                self.critic_optimizer, self.master)
             results = run_updates(models, batch, self.recipe, self.loss_cfg, settings, plan)
             if self.cfg.rollout_backend == "vllm":  # the engine's copy of the weights
-                from postrl.distributed.weights import trainable_state
-
                 self.engine.load_weights(trainable_state(self.lm))
         return average_rounds([round_metrics(r) for r in results])

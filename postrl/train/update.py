@@ -1,7 +1,7 @@
 """Policy (and critic) updates on one batch: epochs x minibatches optimizer steps, each over
 micro-batches whose losses are normalised by the minibatch's GLOBAL counts (§3).
 
-The same loop serves one process and data-parallel replicas (``postrl.distributed``): the
+The same loop serves one process and data-parallel replicas (``postrl.train.distributed``): the
 driver draws the plan (which rows make each optimizer step) so that it never depends on the
 number of replicas; each replica takes a contiguous share of every minibatch, and the results
 of all replicas merge into the metrics of the whole batch.
@@ -9,7 +9,8 @@ of all replicas merge into the metrics of the whole batch.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+import dataclasses
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,7 @@ from postrl.objectives import (
 )
 from postrl.recipes import Recipe
 from postrl.train.batch import TrainBatch
+from postrl.train.replicas import Replica, RoundResult, replica_micro_batches
 from postrl.train.row_skipping import split_rows, unscored_diagnostics
 
 
@@ -46,6 +48,7 @@ class UpdateSettings:
     # rows whose loss has no gradient run forward only, for the diagnostics, or not at all
     # when the sampler's entropies stand in for that forward (one process)
     forward_only_zero_gradient: bool = True
+    replica: Replica | None = None  # this process's share of data-parallel replicas (None: all)
 
 
 @dataclass
@@ -65,38 +68,6 @@ class Trainable:
         """The policy parameters the optimizer steps (whose gradients are clipped)."""
         module = self.master.master if self.master is not None else self.policy
         return [p for p in module.parameters() if p.requires_grad]
-
-
-class Replica:
-    """This process's share of every optimizer step: data-parallel rank ``rank`` of ``size``.
-    A single process is rank 0 of 1; ``postrl.distributed`` overrides the two hooks."""
-
-    rank: int = 0
-    size: int = 1
-    # whether every replica must run as many forwards as the others (FSDP2's gather the
-    # weights together: :func:`replica_micro_batches` pads); DDP's need not
-    # (``postrl.distributed.parallel.replicate``)
-    forwards_must_match: bool = False
-
-    def accumulating(self, last: bool) -> AbstractContextManager:
-        """Around each micro-batch: gradients synchronise only on the last one."""
-        return nullcontext()
-
-    def all_true(self, flags: list[bool]) -> list[bool]:
-        """Each flag, and-ed over the replicas (so that all of them skip a step, or none)."""
-        return flags
-
-
-@dataclass
-class RoundResult:
-    """One optimizer step as one replica saw it: its shares of the diagnostics and of the
-    value loss, and what every replica agrees on (gradient norm, skipped updates)."""
-
-    diagnostics: Diagnostics
-    value_loss: float | Tensor | None = None  # None without a critic
-    value_clip: float | Tensor | None = None
-    grad_norm: float | None = None  # None when the policy is not trained (critic warm-up)
-    skipped: bool = False
 
 
 def minibatch_rows(rows: int, minibatches: int, generator: torch.Generator) -> list[Tensor]:
@@ -122,35 +93,12 @@ def length_sorted(rows: Tensor, batch: TrainBatch) -> Tensor:
 def prompt_grouped(rows: Tensor, batch: TrainBatch) -> Tensor:
     """``rows`` with those of each prompt together (longest first), the prompts in order of
     their longest row: a micro-batch then holds few whole groups, each prompt runs once, and
-    a group's responses pack into few rows (``postrl/models/packing.py``). On the bench's
-    batch (4 prompts x 8 samples, 16-row micro-batches) that is 19% fewer tokens through
-    the model than length-sorted padded rows, and 7% fewer than length-sorted packed ones."""
+    a group's responses pack into few rows (``postrl/models/packing.py``): fewer tokens
+    through the model than length-sorted rows, padded or packed (docs/performance.md)."""
     groups: dict[tuple[int, ...], list[int]] = {}  # in order of each group's longest row
     for i in length_sorted(rows, batch).tolist():
         groups.setdefault(tuple(batch.prompt_ids[i]), []).append(i)
     return torch.tensor([i for members in groups.values() for i in members], dtype=torch.long)
-
-
-def replica_micro_batches(rows: Tensor, rank: int, size: int, micro_batch_size: int,
-                          order=None, equal_counts: bool = False) -> list[tuple[Tensor, float]]:
-    """``(rows, weight)`` of the micro-batches replica ``rank`` of ``size`` runs for one
-    minibatch: its contiguous share, reordered by ``order`` (e.g. :func:`length_sorted`), in
-    micro-batches. A replica whose share is empty runs one row with weight 0 (no gradient, no
-    diagnostics), so that every replica takes part in the gradient all-reduce. Shares differ
-    by up to a row, and so may their numbers of micro-batches; ``equal_counts`` (FSDP2, whose
-    every forward is a collective: :attr:`Replica.forwards_must_match`) pads each replica's
-    up to the most with such weight-0 rows."""
-    shares = torch.tensor_split(rows, size)
-    share = shares[rank]
-    if not len(share):
-        micros = [(rows[:1], 0.0)]
-    else:
-        share = order(share) if order is not None else share
-        micros = [(micro, 1.0) for micro in torch.split(share, micro_batch_size)]
-    if equal_counts:
-        most = max(max(-(-len(s) // micro_batch_size), 1) for s in shares)
-        micros += [(rows[:1], 0.0)] * (most - len(micros))
-    return micros
 
 
 def average_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
@@ -161,22 +109,6 @@ def average_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
         reduce = (min if key.endswith("/min") else
                   max if key.endswith("/max") or key.startswith("guard/") else None)
         merged[key] = reduce(values) if reduce else sum(values) / len(values)
-    return merged
-
-
-def merge_replicas(per_replica: list[list[RoundResult]]) -> list[RoundResult]:
-    """The results of every replica, round by round, as one process would have seen them."""
-    merged = []
-    for results in zip(*per_replica, strict=True):
-        diagnostics = Diagnostics()
-        for result in results:
-            diagnostics = diagnostics.merge(result.diagnostics)
-        first = results[0]
-        merged.append(RoundResult(
-            diagnostics,
-            None if first.value_loss is None else sum(r.value_loss for r in results),
-            None if first.value_clip is None else sum(r.value_clip for r in results),
-            first.grad_norm, any(r.skipped for r in results)))
     return merged
 
 
@@ -197,9 +129,8 @@ def clip_gradients(parameters: list[nn.Parameter], max_norm: float) -> Tensor:
     scaled to ``max_norm`` where it is larger. For dense float32 CPU gradients (one process,
     or DDP's), the sum of squares is one BLAS dot product per gradient and the gradients are
     scaled only when the norm exceeds ``max_norm`` (PyTorch always multiplies, by 1 at most,
-    to spare an accelerator a host sync): 72 → 25 ms for SmolLM2's 135M gradients on 2 cores
-    (docs/performance.md). Anything else (FSDP's sharded gradients, other devices or dtypes)
-    goes to PyTorch's."""
+    to spare an accelerator a host sync; docs/performance-log.md). Anything else (FSDP's
+    sharded gradients, other devices or dtypes) goes to PyTorch's."""
     grads = [p.grad for p in parameters if p.grad is not None]
     plain = all(type(g) is Tensor and g.device.type == "cpu" and g.layout == torch.strided
                 and g.dtype == torch.float32 and g.is_contiguous() for g in grads)
@@ -214,41 +145,28 @@ def clip_gradients(parameters: list[nn.Parameter], max_norm: float) -> Tensor:
 
 
 def run_updates(models: Trainable, batch: TrainBatch, recipe: Recipe, loss_cfg: PolicyLossConfig,
-                settings: UpdateSettings, plan: list[Tensor],
-                replica: Replica | None = None) -> list[RoundResult]:
-    """One optimizer step per entry of ``plan`` (rows of ``batch``); this replica's results."""
-    replica = replica or Replica()
-    return [_update_round(models, batch, rows, recipe, loss_cfg, settings, replica)
-            for rows in plan]
+                settings: UpdateSettings, plan: list[Tensor]) -> list[RoundResult]:
+    """One optimizer step per entry of ``plan`` (rows of ``batch``); this replica's results
+    (``settings.replica``'s share)."""
+    settings = dataclasses.replace(settings, replica=settings.replica or Replica())
+    return [_update_round(models, batch, rows, recipe, loss_cfg, settings) for rows in plan]
 
 
 def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Recipe,
-                  loss_cfg: PolicyLossConfig, settings: UpdateSettings,
-                  replica: Replica) -> RoundResult:
+                  loss_cfg: PolicyLossConfig, settings: UpdateSettings) -> RoundResult:
+    """One optimizer step over ``rows``: each micro-batch's loss, normalised by the whole
+    minibatch's counts, adds its gradient; then the step (:func:`_step`)."""
+    replica = settings.replica
     counts = BatchCounts.of(batch.response_mask[rows])  # of the whole minibatch, all replicas
     context = RoundContext(recipe, loss_cfg, counts, settings)
     result = RoundResult(Diagnostics())
     if models.critic is not None:
         result.value_loss = result.value_clip = 0.0
-    models.optimizer.zero_grad(set_to_none=True)
-    if models.critic_optimizer is not None:
-        models.critic_optimizer.zero_grad(set_to_none=True)
+    for optimizer in (models.optimizer, models.critic_optimizer):
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+    micros, unscored = _micro_batches(models, batch, rows, loss_cfg, settings)
     finite: list[bool | Tensor] = [True, True]  # policy, critic; read once, at the step's end
-    arrange = prompt_grouped if settings.share_prompts else length_sorted
-    trained, scored, unscored = rows, rows[:0], rows[:0]
-    if settings.forward_only_zero_gradient and settings.train_policy:
-        trained, scored, unscored = split_rows(rows, batch, loss_cfg, models.critic is not None,
-                                               replica.rank, replica.size)
-    micros = replica_micro_batches(trained, replica.rank, replica.size,
-                                   settings.micro_batch_size,
-                                   order=lambda share: arrange(share, batch),
-                                   equal_counts=replica.forwards_must_match)
-    # forward-only rows first: gradients synchronise on the last micro-batch, which must run
-    # a backward (FSDP2 reduce-scatters there; after it, a gradient-free forward would leave
-    # the root's sharded gradients unset, and AdamW would skip those weights)
-    micros = [(micro, 1.0, False) for micro in torch.split(arrange(scored, batch),
-                                                          settings.micro_batch_size)
-              if len(micro)] + [(micro, weight, True) for micro, weight in micros]
     # one autocast region per minibatch: its cache casts each weight to bf16 once, not once
     # per micro-batch (the weights only change at the optimizer step)
     with autocast(settings.precision, torch.device(settings.device).type):
@@ -268,7 +186,39 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
         result.diagnostics = result.diagnostics.merge(
             unscored_diagnostics(batch, unscored, loss_cfg, counts))
     _read_on_host(result)
-    policy_finite, critic_finite = replica.all_true(
+    _step(models, result, finite, settings)
+    return result
+
+
+def _micro_batches(models: Trainable, batch: TrainBatch, rows: Tensor,
+                   loss_cfg: PolicyLossConfig, settings: UpdateSettings
+                   ) -> tuple[list[tuple[Tensor, float, bool]], Tensor]:
+    """``([(rows, weight, backward)] of this replica's micro-batches, rows not run)``: rows
+    without a gradient run forward only (for the diagnostics), first, or not at all
+    (``postrl.train.row_skipping``)."""
+    replica = settings.replica
+    arrange = prompt_grouped if settings.share_prompts else length_sorted
+    trained, scored, unscored = rows, rows[:0], rows[:0]
+    if settings.forward_only_zero_gradient and settings.train_policy:
+        trained, scored, unscored = split_rows(rows, batch, loss_cfg, models.critic is not None,
+                                               replica.rank, replica.size)
+    micros = replica_micro_batches(trained, replica.rank, replica.size,
+                                   settings.micro_batch_size,
+                                   order=lambda share: arrange(share, batch),
+                                   equal_counts=replica.forwards_must_match)
+    # forward-only rows first: gradients synchronise on the last micro-batch, which must run
+    # a backward (FSDP2 reduce-scatters there; after it, a gradient-free forward would leave
+    # the root's sharded gradients unset, and AdamW would skip those weights)
+    return [(micro, 1.0, False) for micro in torch.split(arrange(scored, batch),
+                                                        settings.micro_batch_size)
+            if len(micro)] + [(micro, weight, True) for micro, weight in micros], unscored
+
+
+def _step(models: Trainable, result: RoundResult, finite: list[bool | Tensor],
+          settings: UpdateSettings) -> None:
+    """The optimizer steps, where every replica's gradients are finite (else none, and the
+    step is marked skipped), after clipping the policy's gradient norm."""
+    policy_finite, critic_finite = settings.replica.all_true(
         [bool(f) for f in torch.stack([torch.as_tensor(f, device=settings.device)
                                        for f in finite]).tolist()])
     if settings.train_policy:
@@ -280,7 +230,7 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
         if policy_finite and torch.isfinite(norm):
             models.optimizer.step()
             # fused AdamW writes the weights without bumping their version counters, which
-            # tell a record of the sampler's forward that it is stale (postrl.models.recorded)
+            # tell a backend's record of the sampler's forward that it is stale
             torch.autograd.graph.increment_version(models.trained_parameters())
             if models.master is not None:
                 models.master.refresh()
@@ -293,7 +243,6 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
         else:
             models.critic_optimizer.zero_grad(set_to_none=True)
             result.skipped = True
-    return result
 
 
 def _read_on_host(result: RoundResult) -> None:
@@ -387,7 +336,7 @@ def _policy_micro_step(policy, context: RoundContext, micro: MicroBatch,
 
 def _critic_micro_step(critic, context: RoundContext,
                        micro: MicroBatch) -> tuple[Tensor, Tensor]:
-    """PPO's clipped value loss (ALGORITHMS.md §5), aggregated like the policy loss."""
+    """PPO's clipped value loss (docs/algorithms.md §5), aggregated like the policy loss."""
     recipe, loss_cfg, counts = context.recipe, context.loss_cfg, context.counts
     values = critic(micro.sequences)
     per_token, clipped = clipped_value_loss(values, micro.columns(micro.batch.old_values),

@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 from postrl.config import TrainConfig
-from postrl.distributed.rollout import RolloutWorker
-from postrl.distributed.training import TrainWorker
 from postrl.rollout import SamplingParams
+from postrl.train.distributed.rollout import RolloutWorker
+from postrl.train.distributed.training import TrainWorker
 from postrl.train.scorers import TokenScorer
 from postrl.train.update import Trainable, UpdateSettings, run_updates
 from tests.train.test_trainer import tiny_config

@@ -5,14 +5,15 @@ sharded gradients stayed None and AdamW silently skipped the step; asked of the 
 micro-batch, the root's (embeddings, final norm) still stayed None."""
 
 import copy
+import dataclasses
 import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from postrl.distributed.parallel import FSDPReplica, decoder_layers, shard
-from postrl.distributed.weights import full
+from postrl.train.distributed.parallel import FSDPReplica, decoder_layers, shard
+from postrl.train.distributed.weights import full
 from postrl.train.scorers import TokenScorer
 from postrl.train.update import Trainable, UpdateSettings, run_updates
 from tests.train.test_trainer import tiny_config
@@ -51,7 +52,8 @@ def test_one_fsdp2_worker_steps_the_weights_as_one_process_does(tmp_path, one_ra
     def step(lm, policy, replica=None):
         optimizer = torch.optim.AdamW(lm.parameters(), lr=1e-2)
         results = run_updates(Trainable(policy, optimizer), batch, trainer.recipe,
-                              trainer.loss_cfg, settings, plan, replica)
+                              trainer.loss_cfg, dataclasses.replace(settings, replica=replica),
+                              plan)
         return results, {n: full(p.detach()).clone() for n, p in lm.named_parameters()}
 
     plain_lm = copy.deepcopy(trainer.lm).train()

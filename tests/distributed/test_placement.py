@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from postrl.config import TrainConfig
-from postrl.distributed.placement import plan_placement
 from postrl.errors import ConfigError
+from postrl.train.distributed.placement import plan_placement
 
 
 @pytest.mark.parametrize("rollout, train, gpus, cluster, bundles, rollout_at", [
@@ -80,7 +80,7 @@ def test_the_plan_puts_no_two_trainers_on_one_gpu_on_a_real_ray(ray_with_two_gpu
     """2 rollout actors and 2 trainers at worker_gpus=0.5 on 2 GPUs, placed as planned:
     each trainer on a GPU of its own, each rollout actor beside one of them."""
     ray = ray_with_two_gpus
-    from postrl.distributed.cluster import actor_resources, place, stop
+    from postrl.train.distributed.cluster import actor_resources, place, stop
 
     cfg = TrainConfig(launcher="ray", rollout_workers=2, train_workers=2, worker_cpus=0.25,
                       worker_gpus=0.5)
@@ -102,7 +102,7 @@ def test_the_plan_puts_no_two_trainers_on_one_gpu_on_a_real_ray(ray_with_two_gpu
 
 
 def test_more_trainers_than_gpus_are_refused_before_any_actor_starts(ray_with_two_gpus):
-    from postrl.distributed.cluster import actor_resources
+    from postrl.train.distributed.cluster import actor_resources
 
     cfg = TrainConfig(launcher="ray", rollout_workers=1, train_workers=3, worker_cpus=0.25,
                       worker_gpus=0.25)
@@ -117,8 +117,8 @@ def test_a_gpu_train_worker_whose_torch_sees_no_cuda_is_refused_with_one_line(
     """Ray reserves a (fake) GPU for the actor, its torch sees none: the driver gets the
     worker's ConfigError, not a dead-actor report, and no run falls back to the CPU."""
     ray = ray_with_two_gpus
-    from postrl.distributed.failures import gather
-    from postrl.distributed.training import TrainWorker
+    from postrl.train.distributed.failures import gather
+    from postrl.train.distributed.training import TrainWorker
 
     cfg = TrainConfig(model="tiny", launcher="ray", worker_gpus=0.5)
     actor = ray.remote(TrainWorker).options(num_cpus=0.25, num_gpus=0.5).remote(cfg, 0, 1, 1)

@@ -18,11 +18,12 @@ ray = pytest.importorskip("ray")
 import postrl  # noqa: E402
 from postrl.cli import main  # noqa: E402
 from postrl.config import load_config  # noqa: E402
-from postrl.distributed.failures import WorkerError  # noqa: E402
+from postrl.train.distributed.failures import WorkerError  # noqa: E402
+from postrl.train.replicas import merge_replicas  # noqa: E402
 from postrl.train.scorers import TokenScorer  # noqa: E402
 from postrl.train.setup import records_entropies  # noqa: E402
 from postrl.train.trainer import Trainer  # noqa: E402
-from postrl.train.update import Trainable, UpdateSettings, merge_replicas, run_updates  # noqa: E402
+from postrl.train.update import Trainable, UpdateSettings, run_updates  # noqa: E402
 
 REWARDS = Path(__file__).parents[1] / "train" / "rewards_for_tests.py"
 CLOCK = ("time/", "throughput/", "memory/")  # vary from run to run

@@ -4,10 +4,10 @@ piece is covered once, in order, and the merged results equal one process's."""
 import pytest
 import torch
 
-from postrl.distributed.rollout import cat_rollouts, prompt_slices
 from postrl.objectives import Diagnostics
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.train.update import RoundResult, merge_replicas, replica_micro_batches
+from postrl.train.distributed.rollout import cat_rollouts, prompt_slices
+from postrl.train.replicas import RoundResult, merge_replicas, replica_micro_batches
 
 
 @pytest.mark.parametrize("prompts, workers", [(4, 2), (5, 2), (3, 3), (2, 3), (7, 4)])

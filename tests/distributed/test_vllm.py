@@ -7,12 +7,12 @@ import importlib.util
 import pytest
 import torch
 
-from postrl.distributed.rollout import cat_rollouts, prompt_slices
-from postrl.distributed.weights import trainable_state
 from postrl.errors import ConfigError
 from postrl.models import load_policy
 from postrl.rollout import SamplingParams
 from postrl.rollout.vllm import VLLMOptions, VLLMRolloutEngine, sample_seed
+from postrl.train.distributed.rollout import cat_rollouts, prompt_slices
+from postrl.train.distributed.weights import trainable_state
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_gpu = pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()),

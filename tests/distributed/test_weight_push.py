@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from postrl.config import TrainConfig
-from postrl.distributed.weights import buckets, trainable_layout, trainable_state
 from postrl.models.policy import causal_lm
+from postrl.train.distributed.weights import buckets, trainable_layout, trainable_state
 from postrl.train.setup import load_trained_policy, make_optimizers
 
 LIMIT = 40_000  # bytes: the tiny model's layers go in several buckets, its embedding alone
@@ -29,10 +29,10 @@ CHILD = r"""
 import json, sys, weakref
 sys.modules["ray"] = None
 import torch
-import postrl.distributed.weights as weights
+import postrl.train.distributed.weights as weights
 from postrl.config import TrainConfig
-from postrl.distributed.rollout import RolloutWorker
-from postrl.distributed.training import TrainWorker
+from postrl.train.distributed.rollout import RolloutWorker
+from postrl.train.distributed.training import TrainWorker
 from postrl.rollout import SamplingParams
 
 role, rank, trainers, channel, limit, state_path, out = sys.argv[1:8]

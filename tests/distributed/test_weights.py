@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch import nn
 
 from postrl.config import TrainConfig
-from postrl.distributed.broadcast import (
+from postrl.errors import ConfigError
+from postrl.train.distributed.broadcast import (
     WeightChannel,
     choose_backend,
     empty_buffers,
@@ -20,16 +21,15 @@ from postrl.distributed.broadcast import (
     pack,
     unpack,
 )
-from postrl.distributed.parallel import load_optimizer_state, shard
-from postrl.distributed.training import device_option
-from postrl.distributed.weights import (
+from postrl.train.distributed.parallel import load_optimizer_state, shard
+from postrl.train.distributed.training import device_option
+from postrl.train.distributed.weights import (
     buckets,
     device_label,
     to_cpu,
     trainable_state,
     worker_device,
 )
-from postrl.errors import ConfigError
 
 
 def ray_config(worker_gpus: float) -> TrainConfig:

@@ -8,7 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from postrl.config import load_config
-from postrl.models import layers
+from postrl.models import layers, ops
 from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.policy import apply_lora
 from postrl.train.trainer import Trainer
@@ -154,15 +154,15 @@ def test_torch_compile_option_reaches_the_training_forward(tiny, monkeypatch, tm
 @pytest.mark.parametrize("share_prompts", [True, False], ids=["shared", "distinct-prompts"])
 def test_fused_attention_gives_transformers_logprobs_and_gradients(tiny, monkeypatch,
                                                                    share_prompts):
-    """On a GPU the own layers attend by SDPA (``fused_attention``); forced here on the CPU,
+    """On a GPU the own layers attend by SDPA (``ops.sdpa_attention``); forced here on the CPU,
     where grouped heads and fully masked rows (left padding) are the same as elsewhere."""
     model, tokenizer = tiny
     batch = shared_batch(tokenizer, share_prompts)
     theirs = scored(model, batch, monkeypatch, own_layers=False)
     calls = []
-    real = layers.fused_attention
-    monkeypatch.setattr(layers, "FUSED_ATTENTION_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(layers, "fused_attention", lambda *a: calls.append(1) or real(*a))
+    real = ops.sdpa_attention
+    monkeypatch.setattr(ops, "FUSED_ATTENTION_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(ops, "sdpa_attention", lambda *a: calls.append(1) or real(*a))
     ours = scored(model, batch, monkeypatch, own_layers=True)
     assert calls
     torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=0)

@@ -126,7 +126,7 @@ def test_a_model_on_the_gpu_samples_there_and_returns_cpu_rollouts(tiny, precisi
 
     model, tokenizer = tiny
     engine = HFRolloutEngine(copy.deepcopy(model).to("cuda"), tokenizer, precision=precision)
-    assert not engine.lean
+    assert engine.fast is None
     ids = prompts(tokenizer)
     params = SamplingParams(temperature=0.7, top_k=20, max_new_tokens=12)
     out = engine.generate(ids, 4, params, seed=3)

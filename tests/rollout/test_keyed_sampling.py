@@ -111,10 +111,9 @@ def test_bf16_engine_samples_from_a_fresh_bf16_copy_of_the_weights(tiny):
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-def test_lean_bf16_engine_samples_from_the_current_weights(tiny):
+def test_bf16_engine_samples_from_the_current_weights(tiny):
     model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
-    engine = HFRolloutEngine(model, tokenizer, precision="bf16")
-    assert engine.lean
+    engine = HFRolloutEngine(model, tokenizer, precision="bf16")  # the backend's forward or not
     ids, params = prompts(tokenizer), SamplingParams(temperature=1.0, max_new_tokens=8)
     before = engine.generate(ids, 2, params, seed=0)
     with torch.no_grad():  # an "optimizer step": the next call must see it

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from postrl.config import TrainConfig
-from postrl.distributed.weights import trainable_state
 from postrl.rollout import SamplingParams
 from postrl.rollout.vllm import VLLMOptions, VLLMRolloutEngine, sample_seed, weight_buckets
+from postrl.train.distributed.weights import trainable_state
 
 
 class FakeModel:
@@ -143,7 +143,7 @@ def test_the_trainer_builds_its_engine_from_its_config(fake_vllm, scratch, tiny)
 
 def test_a_rollout_actor_builds_its_engine_from_its_config(fake_vllm, scratch, tiny):
     pytest.importorskip("ray")
-    from postrl.distributed.rollout import build_engine
+    from postrl.train.distributed.rollout import build_engine
 
     model, _ = tiny
     cfg = TrainConfig(model="tiny", rollout_backend="vllm", precision="bf16-master",

@@ -13,6 +13,7 @@ from postrl.errors import ConfigError
 from postrl.models import load_policy
 from postrl.tasks import load_task
 from postrl.train.evaluate import (
+    EvalSettings,
     add_eval_arguments,
     count_correct,
     evaluate,
@@ -95,8 +96,9 @@ def tiny():
 def test_evaluate_tiny_gives_consistent_numbers(tiny) -> None:
     model, tokenizer = tiny
     task = load_task("arithmetic")
-    result = evaluate(model, tokenizer, task, n=4, ks=[2, 1], max_new_tokens=8, seed=0,
-                      batch_prompts=3)  # chunks of 3 and 1 prompts
+    settings = EvalSettings(n=4, ks=[2, 1], max_new_tokens=8, seed=0,
+                            batch_prompts=3)  # chunks of 3 and 1 prompts
+    result = evaluate(model, tokenizer, task, settings)
     assert result.n_problems == 4 and result.samples_per_problem == 2
     assert [row.id for row in result.per_problem] == [ex.id for ex in task.test()[:4]]
     counts = [row.correct for row in result.per_problem]
@@ -115,7 +117,8 @@ def test_evaluate_tiny_gives_consistent_numbers(tiny) -> None:
 
 def test_evaluate_greedy_only_draws_no_samples(tiny) -> None:
     model, tokenizer = tiny
-    result = evaluate(model, tokenizer, load_task("arithmetic"), n=2, ks=[1], max_new_tokens=4)
+    result = evaluate(model, tokenizer, load_task("arithmetic"),
+                      EvalSettings(n=2, ks=[1], max_new_tokens=4))
     assert result.samples_per_problem == 0 and result.pass_at_k == {}
     assert result.mean_sampled_length is None and result.n_problems == 2
 

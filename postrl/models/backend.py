@@ -1,0 +1,178 @@
+"""The one seam between postrl's algorithm and its optional speed-ups.
+
+Everything postrl computes has a plain implementation: PyTorch's operations
+(:mod:`postrl.models.ops`) for the training forward, transformers' forward for sampling.
+That is :class:`Backend` itself. A backend package subclasses it and overrides what it does
+faster, falling back to these methods wherever it does not serve the tensors at hand;
+postrl's own, ``postrl.accel``, brings native CPU kernels, a lean sampler and the sampler's
+record of its forward. Nothing else in postrl imports a backend: :func:`use` picks one by
+module name, once, at setup (the trainer and every Ray worker call it), and :func:`active`
+hands it out (choosing the default on first use). Deleting ``postrl/accel/`` leaves a postrl
+that trains with PyTorch's and oneDNN's kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from postrl.errors import ConfigError
+from postrl.models import ops
+from postrl.models.vocab import logprob_and_entropy
+
+DEFAULT = "postrl.accel"  # used when importable; PyTorch's operations otherwise
+BACKENDS = ("auto", "torch", DEFAULT)
+
+
+class RecordHandle(Protocol):
+    """Rows' share of what a backend's sampler recorded of its forward: carried with the
+    rollouts and the training batch, opened only by the backend that wrote it."""
+
+    def select(self, start: int, stop: int) -> RecordHandle: ...
+
+    def take(self, rows: Tensor) -> RecordHandle: ...
+
+    def join(self, parts: list[RecordHandle]) -> RecordHandle | None:
+        """``parts`` (this one among them) as one handle, None if they are not one record's."""
+
+    def release(self) -> None:
+        """The update is done: the record's memory may go to the next one."""
+
+    def open(self, model) -> OpenRecord | None:
+        """The record's values for ``model``'s forward now, None when they are not it (other
+        weights, autocast)."""
+
+
+class OpenRecord(Protocol):
+    """A record opened for one micro-batch (see :class:`RecordHandle`)."""
+
+    def layer_outputs(self, batch, prompts: Tensor, prompt_mask: Tensor, packing
+                      ) -> Callable[[int], list[Tensor]]:
+        """Layer ``i``'s linear outputs for the tokens of
+        :func:`postrl.models.layers.body_with_prompts` (the distinct prompts', then the
+        packed rows')."""
+
+    def logits(self, rows: Tensor, columns: Tensor) -> Callable[[int, int], Tensor]:
+        """A reader of the logits that predict response ``columns`` of micro-batch ``rows``:
+        ``read(start, stop)`` gives those of entries ``start:stop``."""
+
+
+class Decoding(Protocol):
+    """A backend's faster sampling forward for one model (see :meth:`Backend.decoding`)."""
+
+    def snapshot(self, model, dtype: torch.dtype, rows: int) -> object:
+        """``model``'s weights, ready to sample ``rows`` rows at a time in ``dtype``."""
+
+    def prefill(self, weights, input_ids: Tensor, attention: Tensor, positions: Tensor,
+                group_size: int, steps: int, record) -> tuple[Tensor, object]:
+        """``(first logits, decoder)``: the decoder has ``step(tokens, positions)`` and
+        ``select(rows)``, as ``postrl.rollout.hf.TransformersDecoder``."""
+
+    def recorder(self, model, weights, prompt_lengths: list[int], group_size: int,
+                 max_new: int) -> object | None:
+        """A record of this call's forward (or None: not worth it, or it does not fit);
+        ``handle(record, rows)`` turns it into the rows' :class:`RecordHandle`."""
+
+    def handle(self, record, rows: int) -> RecordHandle: ...
+
+
+class Backend:
+    """PyTorch's operations and transformers' sampling forward; a backend overrides what it
+    does faster."""
+
+    name = "torch"
+
+    def reason(self) -> str | None:
+        """Why this backend's own kernels are not used here (None: they are, or it has none)."""
+        return None
+
+    # the training forward (postrl.models.layers, logprobs, precision)
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        return ops.rms_norm(x, weight, eps)
+
+    def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
+        return ops.swiglu(gate, up)
+
+    def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        return ops.rotate(x, cos, sin)
+
+    def attention(self, query: Tensor, keys: Tensor, values: Tensor, bias: Tensor,
+                  scale: float) -> Tensor:
+        return ops.attention(query, keys, values, bias, scale)
+
+    def linears(self, x: Tensor, weights: list[Tensor], biases: list[Tensor | None],
+                outputs: list[Tensor | None]) -> list[Tensor]:
+        """``[x W_i^T + b_i]`` for linears that read the same ``x``; an entry of ``outputs``
+        that is not None is that linear's value, already known (the sampler's record)."""
+        return [F.linear(x, w, b) if o is None else
+                ops.KnownLinear.apply(x, w, b, o, self.linear_backward)
+                for w, b, o in zip(weights, biases, outputs, strict=True)]
+
+    def linear_backward(self, grad: Tensor, x: Tensor, weight: Tensor,
+                        needs: tuple[bool, ...]):
+        return ops.linear_backward(grad, x, weight, needs)
+
+    def input_grad(self, grad: Tensor, weight: Tensor) -> Tensor:
+        """``grad W`` (``grad [..., out]``, ``W [out, in]``): a linear's input gradient."""
+        return grad @ weight
+
+    def logprob_and_entropy(self, logits: Tensor, targets: Tensor, temperature: float,
+                            entropy_grad: bool, with_entropy: bool
+                            ) -> tuple[Tensor, Tensor | None]:
+        return logprob_and_entropy(logits, targets, temperature, entropy_grad, with_entropy)
+
+    def add_into(self, into: Tensor, grad: Tensor) -> None:
+        """``into += grad`` in place (a bf16 gradient into its float32 master's)."""
+        into.add_(grad)
+
+    # the sampler (postrl.rollout)
+    def decoding(self, model) -> Decoding | None:
+        """A faster sampling forward for ``model`` on the CPU (None: transformers' own)."""
+        return None
+
+    def draws(self, logits: Tensor) -> bool:
+        """Whether :meth:`draw` serves these ``[rows, vocab]`` logits."""
+        return False
+
+    def draw(self, logits: Tensor, temperature: float, draws: Tensor, with_entropy: bool
+             ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(tokens, logprobs, entropies or None)`` of an untruncated draw by inversion of the
+        uniform ``draws [rows]`` (``postrl.rollout.sampling``'s rule), where :meth:`draws`."""
+        raise NotImplementedError(f"backend {self.name} does not draw tokens")
+
+
+_active: Backend | None = None
+
+
+def use(name: str = "auto") -> Backend:
+    """Make the backend ``name`` the one every forward uses from now on, and return it:
+    ``"torch"`` (PyTorch's operations), a backend's module name (its ``backend()``), or
+    ``"auto"``: :data:`DEFAULT` when it is installed, else ``"torch"``."""
+    global _active
+    _active = _load(name)
+    return _active
+
+
+def active() -> Backend:
+    """The backend in use (``use("auto")``'s on first call)."""
+    return _active if _active is not None else use()
+
+
+def _load(name: str) -> Backend:
+    if name == "torch":
+        return Backend()
+    module_name = DEFAULT if name == "auto" else name
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if name == "auto" and error.name == module_name:  # not installed (deleted)
+            return Backend()
+        raise ConfigError(f"backend={name}: cannot import {module_name} ({error}); "
+                          f"use backend=torch or backend=auto") from error
+    return module.backend()
+
