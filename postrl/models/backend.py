@@ -26,7 +26,6 @@ from postrl.models import ops
 from postrl.models.vocab import logprob_and_entropy
 
 DEFAULT = "postrl.accel"  # used when importable; PyTorch's operations otherwise
-BACKENDS = ("auto", "torch", DEFAULT)
 
 
 class RecordHandle(Protocol):

@@ -8,6 +8,8 @@ runs in float32 at least.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -36,7 +38,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def attention(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: float,
-              softmax=None) -> Tensor:
+              softmax: Callable[[Tensor, Tensor, float], Tensor] | None = None) -> Tensor:
     """``[B, L, heads * d]``: ``query [B, heads, L, d]`` over ``keys`` and ``values [B,
     kv_heads, T, d]`` under the additive ``bias [B, 1, L, T]``, the scores times ``scale``;
     query head ``h`` reads key/value head ``h // group``. SDPA on the devices of
