@@ -262,11 +262,16 @@ COMPONENTS: tuple[Component, ...] = (
                          if r.critic else "none (critic-free)"),
               lambda r: "PPO, Schulman et al. 2017 eq. 9",
               lambda r: "L_V = 1/2 max((V-G)^2, (V_old + clip(V-V_old, -eps, eps) - G)^2)"),
-    Component("dynamic sampling", ("dynamic_sampling", "max_sampling_rounds"),
-              lambda r: (r.dynamic_sampling, r.max_sampling_rounds if r.dynamic_sampling else None),
-              lambda r: _on_off(r.dynamic_sampling, f" (up to {r.max_sampling_rounds} rounds)"),
+    Component("dynamic sampling", ("dynamic_sampling", "dynamic_sampling_by",
+                                   "max_sampling_rounds"),
+              lambda r: (r.dynamic_sampling, r.dynamic_sampling_by if r.dynamic_sampling else None,
+                         r.max_sampling_rounds if r.dynamic_sampling else None),
+              lambda r: _on_off(r.dynamic_sampling, f" by {r.dynamic_sampling_by} (up to "
+                                f"{r.max_sampling_rounds} rounds)"),
               lambda r: "DAPO, Yu et al. 2025 §3.2",
-              lambda r: "drop groups with std_g(R) = 0, resample until P groups are useful"),
+              lambda r: ("keep groups with 0 < #correct < G, resample until P groups are useful"
+                         if r.dynamic_sampling_by == "correctness" else
+                         "keep groups with std_g(R) > 0, resample until P groups are useful")),
     Component("overlong filtering", ("overlong_filter",), lambda r: (r.overlong_filter,),
               lambda r: _on_off(r.overlong_filter), lambda r: "DAPO, Yu et al. 2025 §3.4",
               lambda r: "m[i,t] = 0 for every token of a truncated response"),

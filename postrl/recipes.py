@@ -32,6 +32,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "kl_estimator": ("k1", "k2", "k3"),
     "mismatch_weight": WEIGHT_UNITS,
     "mismatch_mode": WEIGHT_MODES,
+    "dynamic_sampling_by": ("correctness", "reward"),
 }
 
 
@@ -125,8 +126,12 @@ class Recipe:
         "value clipping, as OpenAI baselines' ppo2); null = the plain squared error")
     # batch filters and shaping (§6)
     dynamic_sampling: bool = opt(
-        False, "drop groups whose rewards are all equal and sample again until prompts_per_step "
-        "groups are useful (DAPO, Yu et al. 2025 §3.2)")
+        False, "drop groups that carry no learning signal and sample again until "
+        "prompts_per_step groups are useful (DAPO, Yu et al. 2025 §3.2)")
+    dynamic_sampling_by: str = opt(
+        "correctness", "what makes a group useful to dynamic_sampling: correctness (the "
+        "verifier marks some but not all of its G responses correct, 0 < #correct < G: DAPO "
+        "§3.2, eq. 11) or reward (its total rewards, shaping included, are not all equal)")
     max_sampling_rounds: int = opt(
         3, "the most generation rounds a step takes with dynamic_sampling; then it trains on "
         "the useful groups it has (DAPO, Yu et al. 2025 §3.2)")

@@ -58,6 +58,15 @@ class Group:
     def zero_variance(self) -> bool:
         return max(self.rewards) == min(self.rewards)
 
+    def useful(self, by: str) -> bool:
+        """Whether dynamic sampling keeps this group: ``by="correctness"``, some but not all
+        of its responses are correct (DAPO §3.2: 0 < #correct < G; shaping such as the
+        overlong penalty cannot make an all-wrong group useful); ``"reward"``, its rewards
+        are not all equal."""
+        if by == "correctness":
+            return 0 < sum(self.correct) < len(self.correct)
+        return not self.zero_variance
+
     @property
     def tokens(self) -> int:
         return self.rollouts.num_tokens
@@ -84,10 +93,12 @@ def collect(
     prompts: int,
     dynamic_sampling: bool,
     max_rounds: int,
+    useful_by: str = "correctness",
 ) -> Collected:
     """One round of ``prompts`` groups, or with dynamic sampling (DAPO §3.2) rounds until
-    ``prompts`` groups have reward variance (at most ``max_rounds``); exactly ``prompts``
-    groups are kept, the surplus is discarded (and counted as wasted), as verl's DAPO does."""
+    ``prompts`` groups are useful (:meth:`Group.useful` ``by`` ``useful_by``; at most
+    ``max_rounds``); exactly ``prompts`` groups are kept, the surplus is discarded (and
+    counted as wasted), as verl's DAPO does."""
     generated: list[Group] = []
     useful: list[Group] = []
     rounds = 0
@@ -95,7 +106,7 @@ def collect(
         batch = generate_round(rounds)
         rounds += 1
         generated += batch
-        useful += [g for g in batch if not (dynamic_sampling and g.zero_variance)]
+        useful += [g for g in batch if not dynamic_sampling or g.useful(useful_by)]
         if len(useful) >= prompts:
             break
     return Collected(groups=useful[:prompts], generated=generated, rounds=rounds)

@@ -213,7 +213,8 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         self.reward_errors = 0
         collected = collect(lambda r: self._generate_round(r, timings), self.cfg.prompts_per_step,
-                            self.recipe.dynamic_sampling, self.recipe.max_sampling_rounds)
+                            self.recipe.dynamic_sampling, self.recipe.max_sampling_rounds,
+                            self.recipe.dynamic_sampling_by)
         self.tokens_generated += collected.tokens_generated
         self.tokens_wasted += collected.tokens_wasted
         self.responses += sum(g.rollouts.response_ids.shape[0] for g in collected.generated)

@@ -40,6 +40,8 @@ def read_metrics(run: Path) -> list[dict]:
 @pytest.mark.parametrize("recipe", sorted(PRESETS))
 def test_every_recipe_trains_three_steps(tmp_path, recipe):
     extra = ["recipe_options.overlong_buffer=4"] if PRESETS[recipe].overlong_penalty else []
+    if PRESETS[recipe].dynamic_sampling:  # the random model is never partly correct
+        extra.append("recipe_options.dynamic_sampling_by=reward")
     trainer = Trainer(tiny_config(tmp_path, recipe, *extra))
     # skip work the recipe does not need: no reference model without a KL term
     assert (trainer.reference is None) == (not PRESETS[recipe].needs_reference)
@@ -86,6 +88,7 @@ def test_tokens_generated_is_the_sum_of_response_lengths(tmp_path, monkeypatch):
 def test_dynamic_sampling_keeps_no_zero_variance_group_and_counts_waste(tmp_path):
     cfg = tiny_config(tmp_path, "dapo", f"rewards=[{REWARDS}:parity_on_odd_answers]",
                       "recipe_options.overlong_penalty=false",
+                      "recipe_options.dynamic_sampling_by=reward",
                       "recipe_options.max_sampling_rounds=4", "steps=2")
     trainer = Trainer(cfg)
     kept_groups = []
