@@ -26,7 +26,11 @@ from postrl.components import differing
 from postrl.config import TrainConfig, load_config
 from postrl.config_checks import validate
 from postrl.errors import ConfigError
-from postrl.experiments.fairness import check_fair, warn_indistinguishable
+from postrl.experiments.fairness import (
+    check_fair,
+    warn_indistinguishable,
+    warn_several_components,
+)
 from postrl.recipes import Recipe, get_recipe
 
 RECIPE_OPTIONS = frozenset(f.name for f in dataclasses.fields(Recipe)) - {"name"}
@@ -211,8 +215,9 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
     check_fair([run.config.resolved() for run in planned], set(args.vary or ()))
     check_run_dirs_free(planned)
     print("\n".join(describe_plan(planned)))
-    warnings = warn_indistinguishable(labelled_recipes(planned),
-                                      planned[0].config.updates_per_batch)
+    recipes = labelled_recipes(planned)
+    warnings = (warn_several_components(recipes, consecutive=args.command_name == "ladder")
+                + warn_indistinguishable(recipes, planned[0].config.updates_per_batch))
     if planned[0].config.token_budget is None:
         warnings.append("no token budget: runs stop on steps, so a recipe that generates more "
                         "per step (longer answers, dynamic sampling) also spends more tokens; "

@@ -178,3 +178,21 @@ def _partly_inert(recipes: list[Recipe], groups: dict[tuple, list[Recipe]]) -> l
                          f"{INERT_REASONS[title]}; those runs differ through their other "
                          "components only")
     return notes
+
+
+def warn_several_components(recipes: list[Recipe], consecutive: bool = False) -> list[str]:
+    """A warning for each recipe that differs in more than one component from the first (the
+    baseline), or with ``consecutive`` (a ladder) from the one before it: its effect cannot
+    be put down to any one of them (``postrl ladder`` walks them one at a time)."""
+    pairs = (zip(recipes, recipes[1:], strict=False) if consecutive
+             else [(recipes[0], recipe) for recipe in recipes[1:]])
+    warnings = []
+    for before, recipe in pairs:
+        changed = [c.title for c in differing(before, recipe)]
+        if len(changed) > 1:
+            warnings.append(
+                f"{recipe.name} differs from {before.name} in {len(changed)} components "
+                f"({', '.join(changed)}): a difference between them cannot be put down to one "
+                f"component; compare one change at a time, or walk them with postrl ladder "
+                f"{before.name} {recipe.name}")
+    return warnings

@@ -21,6 +21,7 @@ from postrl.experiments.fairness import (
     ON_POLICY_TOKEN_EQUIVALENT,
     check_fair,
     warn_indistinguishable,
+    warn_several_components,
 )
 from postrl.objectives import BatchCounts, PolicyLossConfig, PolicyLossInputs, policy_loss
 from postrl.objectives import advantages as adv
@@ -145,6 +146,30 @@ def test_recipe_spec_splits_components_from_shared_options():
         parse_recipe_spec("dapo:clip_hi=0.3")
     with pytest.raises(ConfigError, match="unknown recipe"):
         parse_recipe_spec("dappo")
+
+
+def test_recipes_more_than_one_component_apart_are_warned_about():
+    grpo, dr_grpo = get_recipe("grpo"), get_recipe("dr_grpo")
+    no_kl = grpo.with_("grpo_no_kl", kl_placement="none", kl_coef=0.0)
+    (warning,) = warn_several_components([grpo, dr_grpo, no_kl])
+    assert warning.startswith("dr_grpo differs from grpo in 3 components (advantage, ")
+    assert "postrl ladder grpo dr_grpo" in warning
+    # one component apart: the comparison the issue asks for (GRPO without its KL term
+    # against Dr. GRPO differs in the advantage's scaling and the aggregation)
+    assert warn_several_components([no_kl, no_kl.with_("other", clip_high=0.28)]) == []
+    # a ladder compares each rung with the one before it
+    rungs = [no_kl, no_kl.with_("a", clip_high=0.28),
+             no_kl.with_("b", clip_high=0.28, aggregation="token_mean")]
+    assert warn_several_components(rungs, consecutive=True) == []
+    assert len(warn_several_components(rungs)) == 1
+
+
+def test_compare_prints_the_components_apart_warning_before_training(tmp_path, capsys):
+    args = compare_args("grpo", "dapo", "--dry-run", "--out", str(tmp_path / "cmp"), *TINY)
+    assert run_compare(args) == 0
+    out = capsys.readouterr().out
+    assert ("warning: dapo differs from grpo in 5 components (clip, aggregation, KL, dynamic "
+            "sampling, overlong shaping)") in out
 
 
 # ---- end to end on the tiny model -------------------------------------------------------------
