@@ -58,9 +58,6 @@ class AccelBackend(Backend):
         return [tiles.linear(x, w, b) if o is None else recorded_linear(x, w, o, b)
                 for w, b, o in zip(weights, biases, outputs, strict=True)]
 
-    def linear_backward(self, grad, x, weight, needs):
-        return tiles.backward(grad, x, weight, needs)
-
     def input_grad(self, grad, weight):
         return tiles.input_grad(grad, weight)
 

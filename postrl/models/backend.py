@@ -109,12 +109,8 @@ class Backend:
         """``[x W_i^T + b_i]`` for linears that read the same ``x``; an entry of ``outputs``
         that is not None is that linear's value, already known (the sampler's record)."""
         return [F.linear(x, w, b) if o is None else
-                ops.KnownLinear.apply(x, w, b, o, self.linear_backward)
+                ops.KnownLinear.apply(x, w, b, o)
                 for w, b, o in zip(weights, biases, outputs, strict=True)]
-
-    def linear_backward(self, grad: Tensor, x: Tensor, weight: Tensor,
-                        needs: tuple[bool, ...]):
-        return ops.linear_backward(grad, x, weight, needs)
 
     def input_grad(self, grad: Tensor, weight: Tensor) -> Tensor:
         """``grad W`` (``grad [..., out]``, ``W [out, in]``): a linear's input gradient."""
