@@ -31,12 +31,23 @@ from postrl.experiments.fairness import (
     warn_indistinguishable,
     warn_several_components,
 )
+from postrl.experiments.paired import (
+    FINAL_METRICS,
+    PAIRED_HEADERS,
+    Finals,
+    arm_pairs,
+    final_values,
+    paired_cells,
+    paired_rows,
+    power_note,
+    seed_rows,
+)
 from postrl.recipes import Recipe, get_recipe
+from postrl.telemetry import read_metrics
 
 RECIPE_OPTIONS = frozenset(f.name for f in dataclasses.fields(Recipe)) - {"name"}
 CONFIG_OPTIONS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 UNBOUNDED_STEPS = 1_000_000  # steps when only a token budget stops the runs
-SUMMARY_METRICS = ("reward/mean", "accuracy/mean", "eval/accuracy")
 
 
 @dataclass(frozen=True)
@@ -173,35 +184,32 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def summarize(planned: list[PlannedRun]) -> str:
-    """Per recipe, over seeds: steps, generated tokens and the last step's metrics."""
-    rows = []
-    for label in dict.fromkeys(run.spec.label for run in planned):
-        finals = [_last_metrics(run.config.run_dir()) for run in planned if run.spec.label == label]
-        row: list[Any] = [label, len(finals)]
-        for key in ("step", "rollout/tokens_generated", *SUMMARY_METRICS):
-            values = [f[key] for f in finals if f.get(key) is not None]
-            row.append(sum(values) / len(values) if values else None)
-        rows.append(row)
-    headers = ("recipe", "seeds", "steps", "tokens", *(f"{k} (last)" for k in SUMMARY_METRICS))
-    return format_table(headers, rows)
+def finals_of(planned: list[PlannedRun]) -> Finals:
+    """Label -> seed -> each summary metric's last logged value."""
+    finals: Finals = {}
+    for run in planned:
+        records = read_metrics(run.config.run_dir() / "metrics.jsonl")
+        finals.setdefault(run.spec.label, {})[run.seed] = final_values(records, FINAL_METRICS)
+    return finals
 
 
-def _last_metrics(run_dir: Path) -> dict[str, Any]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return json.loads(lines[-1]) if lines else {}
-
-
-def write_comparison_report(run_dirs: list[Path], out: Path) -> tuple[Path, Path] | None:
-    """``report.html`` / ``report.md`` through ``postrl.experiments.report`` (imported late)."""
-    try:
-        from postrl.experiments.report import write_report
-    except ModuleNotFoundError as err:
-        if err.name != "postrl.experiments.report":
-            raise
-        print("report skipped: postrl.experiments.report is not available")
-        return None
-    return write_report(run_dirs, out)
+def summarize(planned: list[PlannedRun], consecutive: bool = False) -> str:
+    """Every seed's final values, then each pair of arms' paired differences with the
+    components that differ between the two."""
+    finals = finals_of(planned)
+    headers, rows = seed_rows(finals, FINAL_METRICS)
+    parts = ["final values per seed:", format_table(headers, rows)]
+    recipes = {recipe.name: recipe for recipe in labelled_recipes(planned)}
+    paired = paired_rows(finals, FINAL_METRICS, consecutive)
+    for first, second in arm_pairs(list(finals), consecutive):
+        changes = differing(recipes[first], recipes[second])
+        what = "; ".join(f"{c.title}: {c.describe(recipes[second])}" for c in changes)
+        parts += ["", f"{second} - {first}, paired by seed (differs in: {what or 'nothing'}):",
+                  format_table(PAIRED_HEADERS, [paired_cells(row) for row in paired
+                                                if (row.first, row.second) == (first, second)])]
+    if len(finals) > 1:
+        parts += ["", power_note(finals)]
+    return "\n".join(parts)
 
 
 def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
@@ -236,10 +244,11 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
               flush=True)
         Trainer(run.config).train()
         gc.collect()  # free the finished run's model, optimizer and reference before the next
-    print(summarize(planned))
-    written = write_comparison_report([run.config.run_dir() for run in planned], out)
-    if written:
-        print("report: " + ", ".join(str(p) for p in written))
+    print(summarize(planned, consecutive=args.command_name == "ladder"))
+    from postrl.experiments.report import write_report  # matplotlib: only when reporting
+
+    written = write_report([out], out)  # reads comparison.json: arm order, ladder pairs
+    print("report: " + ", ".join(str(p) for p in written))
     return 0
 
 

@@ -6,7 +6,10 @@ somewhere below it (a ``compare`` or ``ladder`` output). Runs are grouped by rec
 The report (``report.html``, ``report.md`` and one PNG per panel, all in one folder) has
 
 - curves against generated tokens (:mod:`postrl.experiments.plots`);
-- final metrics: each seed's last logged value, as mean ± 95% Student-t CI over seeds;
+- final metrics: each seed's last logged value, and the mean over seeds with its 95%
+  Student-t interval, clipped to the values the metric can take;
+- paired differences between recipes, seed by seed (:mod:`postrl.experiments.paired`): every
+  recipe against the first, or each rung against the one before for a ``ladder`` output;
 - costs per run: tokens generated and wasted, seconds per phase summed over steps,
   as mean ± 95% CI over seeds;
 - the list of runs read.
@@ -27,16 +30,23 @@ from typing import Any
 
 from postrl.errors import DataError
 from postrl.experiments import plots
-from postrl.experiments.stats import finite, format_mean_ci, mean_ci95
+from postrl.experiments.paired import (
+    FINAL_METRICS,
+    PAIRED_HEADERS,
+    Finals,
+    final_values,
+    paired_cells,
+    paired_rows,
+    power_note,
+    seed_rows,
+)
+from postrl.experiments.stats import finite, format_interval, format_number, mean_interval
 from postrl.telemetry import RunDir, read_metrics
+from postrl.telemetry.names import value_range
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
-FINAL_METRICS: tuple[str, ...] = (
-    "reward/mean", "accuracy/mean", "eval/accuracy", "length/mean", "length/correct_mean",
-    "length/incorrect_mean", "length/truncated_frac", "entropy/mean", "clip/low_frac",
-    "clip/high_frac", "batch/zero_variance_frac", "kl/mean", "ratio/seq_std",
-)
+COMPARISON_FILE = "comparison.json"  # written by compare and ladder
 CUMULATIVE_COSTS: tuple[tuple[str, str], ...] = (
     ("tokens generated", "rollout/tokens_generated"), ("tokens wasted", "rollout/tokens_wasted"),
 )
@@ -101,6 +111,9 @@ def find_run_dirs(paths: Iterable[Path | str]) -> list[Path]:
             continue
         nested = sorted({p.parent for p in path.rglob(METRICS_FILE)})
         nested = [p for p in nested if not any(q in p.parents for q in nested)]
+        order = _manifest_labels(path)  # compare's order: the baseline first
+        nested.sort(key=lambda p: order.index(p.relative_to(path).parts[0])
+                    if p.relative_to(path).parts[0] in order else len(order))
         if nested:
             found.extend(nested)
         elif (path / CONFIG_FILE).is_file():
@@ -111,6 +124,28 @@ def find_run_dirs(paths: Iterable[Path | str]) -> list[Path]:
     for path in found:
         unique.setdefault(path.resolve(), path)  # a run named twice is read once
     return list(unique.values())
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    """The ``comparison.json`` that compare and ladder write in their output ({} if none)."""
+    file = Path(path) / COMPARISON_FILE
+    if not file.is_file():
+        return {}
+    try:
+        manifest = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(f"{file}: not valid JSON ({err})") from None
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _manifest_labels(path: Path) -> list[str]:
+    runs = _manifest(path).get("runs") or []
+    return list(dict.fromkeys(str(r.get("label")) for r in runs if isinstance(r, dict)))
+
+
+def is_ladder(paths: Sequence[Path]) -> bool:
+    """Whether the report is of one ``postrl ladder`` output (rungs compared in order)."""
+    return len(paths) == 1 and _manifest(Path(paths[0])).get("command") == "ladder"
 
 
 def load_run(path: Path) -> Run:
@@ -148,34 +183,62 @@ def group_by_recipe(runs: Sequence[Run]) -> dict[str, list[Run]]:
     return groups
 
 
-def _cell(values: Iterable[float | None]) -> str:
-    return format_mean_ci(*mean_ci95(values))
+def _cell(values: Iterable[float | None], metric: str = "") -> str:
+    return format_interval(mean_interval(values, value_range(metric)))
 
 
 def final_table(groups: dict[str, list[Run]]) -> Table:
-    """Rows = metrics logged by some run, columns = recipes; last values, mean ± 95% CI."""
+    """Rows = metrics logged by some run, columns = recipes; last values, mean [95% CI]."""
     rows = []
     for metric in FINAL_METRICS:
-        cells = [_cell(run.final(metric) for run in runs) for runs in groups.values()]
+        cells = [_cell((run.final(metric) for run in runs), metric) for runs in groups.values()]
         if any(cell != "–" for cell in cells):
             rows.append([metric, *cells])
     headers = ["metric", *(f"{label} (n={len(runs)})" for label, runs in groups.items())]
-    note = ("Each seed's last logged value of the metric; mean ± 95% Student-t confidence "
-            "interval over seeds (just the mean for one seed).")
+    note = ("Each seed's last logged value of the metric; mean over seeds [95% Student-t "
+            "interval, clipped to the values the metric can take].")
     return Table("Final metrics", headers, rows, note)
+
+
+def finals_by_seed(groups: dict[str, list[Run]]) -> Finals:
+    """Recipe -> seed -> final values, for the paired tables."""
+    return {label: {_seed(run): final_values(run.records, FINAL_METRICS) for run in runs}
+            for label, runs in groups.items()}
+
+
+def _seed(run: Run) -> int:
+    try:
+        return int(run.seed)
+    except (TypeError, ValueError):
+        raise DataError(f"{run.path / CONFIG_FILE}: seed {run.seed!r} is not an integer; "
+                        "paired comparisons match runs by seed") from None
+
+
+def per_seed_table(finals: Finals) -> Table:
+    """Every seed's final value, beside the mean and its interval."""
+    headers, rows = seed_rows(finals, FINAL_METRICS)
+    return Table("Final metrics per seed", headers, rows)
+
+
+def paired_table(finals: Finals, consecutive: bool) -> Table | None:
+    """Paired differences between recipes; None for a single recipe."""
+    if len(finals) < 2:
+        return None
+    rows = [paired_cells(row) for row in paired_rows(finals, FINAL_METRICS, consecutive)]
+    return Table("Paired differences", list(PAIRED_HEADERS), rows, power_note(finals))
 
 
 def cost_table(groups: dict[str, list[Run]]) -> Table:
     """Rows = recipes; tokens (final cumulative count) and seconds (summed over steps) per run."""
     rows = []
     for label, runs in groups.items():
-        cells = [_cell(run.final(m) for run in runs) for _, m in CUMULATIVE_COSTS]
-        cells += [_cell(run.total(m) for run in runs) for _, m in PHASE_SECONDS]
-        steps = _cell(float(len(run.records)) for run in runs)
+        cells = [_cell((run.final(m) for run in runs), m) for _, m in CUMULATIVE_COSTS]
+        cells += [_cell((run.total(m) for run in runs), m) for _, m in PHASE_SECONDS]
+        steps = _cell((run.final("step") for run in runs), "step")
         rows.append([label, str(len(runs)), steps, *cells])
     headers = ["recipe", "seeds", "steps", *(name for name, _ in CUMULATIVE_COSTS),
                *(name for name, _ in PHASE_SECONDS)]
-    note = ("Per run, mean ± 95% CI over seeds. Tokens: cumulative counts at the last step "
+    note = ("Per run, mean over seeds [95% CI]. Tokens: cumulative counts at the last step "
             "(wasted = generated for groups dropped by dynamic sampling). Seconds: summed over "
             "steps; eval time is not part of step time.")
     return Table("Cost", headers, rows, note)
@@ -183,8 +246,8 @@ def cost_table(groups: dict[str, list[Run]]) -> Table:
 
 def runs_table(groups: dict[str, list[Run]]) -> Table:
     """One row per run read."""
-    rows = [[str(run.path), label, str(run.seed), str(len(run.records)),
-             format_mean_ci(run.final(plots.TOKENS) or float("nan"), float("nan"))]
+    rows = [[str(run.path), label, str(run.seed), format_number(run.final("step") or 0.0),
+             format_number(run.final(plots.TOKENS) or 0.0)]
             for label, runs in groups.items() for run in runs]
     return Table("Runs", ["run directory", "recipe", "seed", "steps", "tokens generated"], rows)
 
@@ -198,7 +261,10 @@ def write_report(run_dirs: list[Path], out: Path) -> tuple[Path, Path]:
     drawn, skipped = plots.plot_all(
         {label: [run.records for run in members] for label, members in groups.items()}, out)
     figures = [(panel.title, path.name) for panel, path in drawn]
-    tables = [final_table(groups), cost_table(groups), runs_table(groups)]
+    finals = finals_by_seed(groups)
+    paired = paired_table(finals, is_ladder(run_dirs))
+    tables = [final_table(groups), per_seed_table(finals), *([paired] if paired else []),
+              cost_table(groups), runs_table(groups)]
     missing = sorted({metric for panel in skipped for metric in panel.metrics})
     summary = (f"{len(runs)} run(s) of {len(groups)} recipe(s): "
                + ", ".join(f"{label} ({len(members)} seed(s))" for label, members in groups.items())

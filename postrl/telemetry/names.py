@@ -7,6 +7,7 @@ declared names (``reward/<fn>/mean`` is the one pattern: one per reward function
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -77,9 +78,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("mismatch/rejected_frac", "fraction", "share of responses rejected whole by mismatch_reject"),
     Metric("mismatch/bounded_frac", "fraction", "share of responses whose product weight's log hit +-20 (under- or overflow)"),
     Metric("value/clip_frac", "fraction", "critic terms where the clipped value error was larger"),
-    # held-out evaluation (every eval_every steps)
+    # held-out evaluation (at step 0, every eval_every steps and at the last step)
     Metric("eval/accuracy", "fraction", "greedy pass@1 on the first eval_n held-out problems"),
     Metric("eval/mean_length", "tokens", "mean length of those greedy answers"),
+    Metric("eval/sampled_accuracy", "fraction", "sampled pass@1 on those problems: the mean share of correct answers among eval_samples samples each (temperature 1)"),
+    Metric("eval/truncated_frac", "fraction", "share of those sampled answers that hit max_new_tokens"),
     # reliability guards
     Metric("guard/skipped_steps", "steps", "cumulative steps whose update was skipped: loss or gradient not finite"),
     Metric("reward/errors", "samples", "reward values replaced by 0 this step (reward_errors: zero)"),
@@ -106,3 +109,17 @@ def is_declared(name: str) -> bool:
         return True
     parts = name.split("/")
     return len(parts) == 3 and parts[0] == "reward" and parts[2] == "mean"
+
+
+NON_NEGATIVE_UNITS = frozenset({"GB", "groups", "norm", "perplexity", "ratio", "responses",
+                                "rounds", "s", "samples", "steps", "tokens", "tokens/s"})
+
+
+def value_range(name: str) -> tuple[float, float]:
+    """The values a metric can take, from its unit: [0, 1] for a fraction, [0, inf) for a
+    count, a time or a ratio, unbounded otherwise (rewards, advantages, losses, nats)."""
+    metric = BY_NAME.get(name)
+    unit = metric.unit if metric else ""
+    if unit == "fraction":
+        return 0.0, 1.0
+    return (0.0, math.inf) if unit in NON_NEGATIVE_UNITS else (-math.inf, math.inf)

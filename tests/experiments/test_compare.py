@@ -9,7 +9,6 @@ import torch
 
 from postrl.config import load_config
 from postrl.errors import ConfigError
-from postrl.experiments import compare as compare_module
 from postrl.experiments.compare import (
     UNBOUNDED_STEPS,
     add_compare_arguments,
@@ -26,6 +25,7 @@ from postrl.experiments.fairness import (
 from postrl.objectives import BatchCounts, PolicyLossConfig, PolicyLossInputs, policy_loss
 from postrl.objectives import advantages as adv
 from postrl.recipes import get_recipe
+from postrl.telemetry import read_metrics
 
 REWARDS = str(Path(__file__).parents[1] / "train" / "rewards_for_tests.py")
 TINY = ["model=tiny", "prompts_per_step=2", "group_size=4", "max_new_tokens=8", "quiet=true",
@@ -196,12 +196,6 @@ def _first_step_prompts(run: Path) -> list[str]:
 
 def test_compare_respects_the_token_budget_and_shares_prompts_per_seed(tmp_path, monkeypatch,
                                                                        capsys):
-    try:
-        from postrl.experiments.report import write_report  # noqa: F401
-        reported = True
-    except ImportError:  # the report is another issue's; skip that step until it exists
-        monkeypatch.setattr(compare_module, "write_comparison_report", lambda runs, out: None)
-        reported = False
     budget = 150
     out = tmp_path / "cmp"
     args = compare_args("grpo", "dapo", "--seeds", "2", "--token-budget", str(budget), "--out",
@@ -226,4 +220,28 @@ def test_compare_respects_the_token_budget_and_shares_prompts_per_seed(tmp_path,
     assert prompts["grpo", 0] != prompts["grpo", 1]
     manifest = json.loads((out / "comparison.json").read_text())
     assert [r["label"] for r in manifest["runs"]] == ["grpo", "grpo", "dapo", "dapo"]
-    assert (out / "report.html").is_file() or not reported
+    assert (out / "report.html").is_file()
+    assert "dapo - grpo, paired by seed (differs in: clip: " in printed
+
+
+def test_compare_prints_paired_differences_over_five_seeds(tmp_path, capsys):
+    """The issue's must-show on the tiny model: GRPO without its KL term against Dr. GRPO."""
+    args = compare_args("grpo:kl_coef=0", "dr_grpo", "--seeds", "5", "--token-budget", "60",
+                        "--out", str(tmp_path / "cmp"), *TINY)
+    assert run_compare(args) == 0
+    printed = capsys.readouterr().out
+    heading = next(line for line in printed.splitlines() if "paired by seed" in line)
+    assert heading.startswith("dr_grpo - grpo+kl_coef=0, paired by seed (differs in: advantage")
+    assert "aggregation: constant-normalised" in heading
+    table = printed[printed.index(heading):].splitlines()
+    assert table[1].split() == ["metric", "arms", "per-seed", "differences", "mean", "[95%",
+                                "CI]", "p", "MDE", "(80%)"]
+    lengths = next(line for line in table if line.startswith("length/mean "))
+    finals = {}
+    for label in ("grpo+kl_coef=0", "dr_grpo"):
+        for seed in range(5):
+            rows = read_metrics(tmp_path / "cmp" / label / f"s{seed}" / "metrics.jsonl")
+            finals[label, seed] = rows[-1]["length/mean"]
+    differences = [finals["dr_grpo", s] - finals["grpo+kl_coef=0", s] for s in range(5)]
+    assert ", ".join(f"{d:.3g}" for d in differences) in lengths  # seed by seed, in order
+    assert "cannot go below 0.0625 two-sided" in printed  # the floor of 5 pairs is stated

@@ -103,15 +103,18 @@ def test_report_on_real_and_synthetic_runs(real_runs, tmp_path):
     page = _parse(html_path)
     assert sorted(page.images) == pngs
     assert all(ref.endswith(".png") and "/" not in ref for ref in page.references)  # offline
-    final, cost, runs = page.tables
+    final, per_seed, paired, cost, runs = page.tables
     assert final[0] == ["metric", "grpo (n=2)", "dapo (n=3)"]
+    assert per_seed[0] == ["metric", "arm", "seed 0", "seed 1", "seed 2", "mean [95% CI]"]
+    assert paired[1][:2] == ["reward/mean", "dapo - grpo"]  # seeds 0 and 1 are shared
     assert [row[0] for row in final[1:]][:2] == ["reward/mean", "accuracy/mean"]
     assert [row[0] for row in cost[1:]] == ["grpo", "dapo"]
     assert cost[0][3:5] == ["tokens generated", "tokens wasted"]
-    assert cost[1][3] == "192 ± 0"  # 3 steps x 2 prompts x 4 samples x 8 tokens, both seeds
+    # 3 steps x 2 prompts x 4 samples x 8 tokens, both seeds
+    assert cost[1][3] == "192 (2 seeds, all equal)"
     assert len(runs) == 1 + 5
     assert write_report([real_runs / "grpo_seed0", real_runs], tmp_path / "again")  # no twice
-    assert len(_parse(tmp_path / "again" / "report.html").tables[2]) == 1 + 2
+    assert len(_parse(tmp_path / "again" / "report.html").tables[-1]) == 1 + 2
     markdown = md_path.read_text(encoding="utf-8")
     assert all(f"]({name})" in markdown for name in pngs)
     assert "| metric | grpo (n=2) | dapo (n=3) |" in markdown and "## Cost" in markdown
@@ -122,8 +125,48 @@ def test_final_metrics_show_mean_and_ci_over_seeds(tmp_path):
     html_path, _ = write_report(runs, tmp_path / "out")
     final = _parse(html_path).tables[0]
     reward = next(row for row in final if row[0] == "reward/mean")
-    assert reward[1] == "2 ± 2.48"  # mean 2, s = 1, t(0.975, 2) = 4.303, 4.303 / sqrt(3)
+    assert reward[1] == "2 [-0.484, 4.48]"  # s = 1, t(0.975, 2) = 4.303, 4.303 / sqrt(3)
     assert "eval/accuracy" in [row[0] for row in final]
+
+
+def _two_recipes(root: Path, first: dict[int, float], second: dict[int, float]) -> None:
+    for label, finals in (("grpo", first), ("dr_grpo", second)):
+        for seed, accuracy in finals.items():
+            rows = healthy_rows(4)
+            rows[-1]["accuracy/mean"] = accuracy
+            write_run(root / label / f"s{seed}", rows, label, seed=seed)
+    runs = [{"label": label, "seed": 0} for label in ("grpo", "dr_grpo")]  # grpo first
+    (root / "comparison.json").write_text(json.dumps({"command": "compare", "runs": runs}))
+
+
+def test_paired_differences_match_seeds_and_keep_shares_in_range(tmp_path):
+    first = {0: 0.1, 1: 0.0, 2: 0.3, 3: 0.2, 4: 0.0}
+    second = {0: 0.4, 1: 0.1, 2: 0.35, 3: 0.6, 4: 0.2}
+    _two_recipes(tmp_path / "runs", first, second)
+    tables = _parse(write_report([tmp_path / "runs"], tmp_path / "out")[0]).tables
+    paired = next(t for t in tables if t[0][0] == "metric" and "p" in t[0])
+    row = next(r for r in paired if r[0] == "accuracy/mean")
+    assert row[1] == "dr_grpo - grpo"
+    assert row[2] == "0.3, 0.1, 0.05, 0.4, 0.2"  # seed by seed, not sorted values
+    assert row[4].startswith("0.0625 (Wilcoxon")  # all five positive: the floor for 5 pairs
+    per_seed = tables[1]
+    grpo = next(r for r in per_seed if r[:2] == ["accuracy/mean", "grpo"])
+    assert grpo[2:7] == ["0.1", "0", "0.3", "0.2", "0"]
+    assert grpo[7].startswith("0.12 [0, ")  # the t-interval would go below 0
+
+
+def test_ladder_output_pairs_each_rung_with_the_previous(tmp_path):
+    root = tmp_path / "ladder"
+    _two_recipes(root, {0: 0.1, 1: 0.2}, {0: 0.2, 1: 0.4})
+    for seed, accuracy in {0: 0.5, 1: 0.5}.items():
+        rows = healthy_rows(4)
+        rows[-1]["accuracy/mean"] = accuracy
+        write_run(root / "dapo" / f"s{seed}", rows, "dapo", seed=seed)
+    runs = [{"label": label} for label in ("grpo", "dr_grpo", "dapo")]
+    (root / "comparison.json").write_text(json.dumps({"command": "ladder", "runs": runs}))
+    tables = _parse(write_report([root], tmp_path / "out")[0]).tables
+    arms = {r[1] for r in tables[2][1:]}
+    assert arms == {"dr_grpo - grpo", "dapo - dr_grpo"}
 
 
 def test_seed_band_interpolates_onto_the_common_token_range():
@@ -206,6 +249,6 @@ def test_report_renders_in_headless_chromium(real_runs, tmp_path):
     assert result["control"] is False  # a missing image is detected as such
     assert len(result["images"]) == 9
     assert all(ok for _, ok in result["images"]), result["images"]
-    assert len(result["tables"]) == 3
+    assert len(result["tables"]) == 5
     assert all(rows > 1 and height > 0 for rows, height in result["tables"])
     shutil.rmtree(tmp_path / "profile", ignore_errors=True)
