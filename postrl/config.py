@@ -118,9 +118,11 @@ class TrainConfig:
     critic_warmup_steps: int = opt(0, "first steps that train only the critic, not the "
                                    "policy; 0 = none")
     # held-out evaluation during training, and frozen rollout batches for `postrl replay`
-    eval_every: int = opt(0, "greedy pass@1 on held-out problems every N steps "
-                          "(eval/accuracy); 0 = off")
-    eval_n: int = opt(50, "held-out problems per evaluation, greedy pass@1")
+    eval_every: int = opt(0, "held-out evaluation every N steps, and always at step 0 and at "
+                          "the last step (eval/*); 0 = off")
+    eval_n: int = opt(50, "held-out problems per evaluation (the first N of the test split)")
+    eval_samples: int = opt(4, "samples per held-out problem at the sampling temperature, for "
+                               "sampled pass@1 (eval/sampled_accuracy); 0 = greedy only")
     save_rollouts_every: int = opt(0, "save the step's rollout batch for postrl replay every "
                                    "N steps; 0 = off")
     # reliability (docs/reliability.md)
@@ -167,6 +169,9 @@ class TrainConfig:
     # the run
     seed: int = opt(0, "seed of the prompt order, sampling, initial weights and minibatch "
                     "shuffles")
+    sampling_seed: int | None = opt(None, "seed of the response sampler's stream alone; null = "
+                                    "seed (compare gives a repeated recipe its own: a noise "
+                                    "floor)")
     out: str | None = opt(None, "the run directory; null = runs/<recipe>-<task>-s<seed>")
     overwrite: bool = opt(False, "replace an earlier run in the run directory, swapped only "
                           "once the new run has started")

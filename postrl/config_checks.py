@@ -21,7 +21,7 @@ POSITIVE = ("prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs
             "micro_batch_size", "lr", "critic_lr", "eval_n", "keep_last", "max_skipped_steps",
             "rollout_workers", "train_workers")
 NON_NEGATIVE = ("top_k", "warmup_steps", "weight_decay", "critic_warmup_steps", "log_samples",
-                "eval_every", "save_rollouts_every", "save_every", "worker_gpus")
+                "eval_every", "eval_samples", "save_rollouts_every", "save_every", "worker_gpus")
 SCHEDULES = ("constant", "linear", "cosine")
 CHOICES = {"launcher": ("local", "ray"), "rollout_backend": ("hf", "vllm"),
            "train_parallel": ("ddp", "fsdp2"), "weight_sync": ("auto", "object_store", "broadcast")}
@@ -154,6 +154,9 @@ def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
     if cfg.reward_timeout_s is not None and cfg.reward_timeout_s <= 0:
         fail("reward_timeout_s", f"reward_timeout_s must be > 0 or null, got "
              f"{cfg.reward_timeout_s}")
+    if cfg.eval_samples == 1:
+        fail("eval_samples", "eval_samples=1 gives no spread to estimate sampled pass@1 from: "
+             "set 0 (greedy only) or >= 2 (4 or more to pair arms' held-out accuracy)")
     if cfg.resume != "no" and cfg.overwrite:
         fail("resume", "resume and overwrite exclude each other: set at most one")
     if cfg.lr_schedule not in SCHEDULES:

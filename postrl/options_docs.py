@@ -40,7 +40,7 @@ TRAIN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the schedule: updates on each batch", ("epochs", "minibatches", "micro_batch_size",
                                              "critic_lr", "critic_warmup_steps")),
     ("evaluation during training, and frozen rollout batches for postrl replay",
-     ("eval_every", "eval_n", "save_rollouts_every")),
+     ("eval_every", "eval_n", "eval_samples", "save_rollouts_every")),
     ("reliability (docs/reliability.md)", ("save_every", "keep_last", "resume",
                                            "max_skipped_steps", "reward_errors",
                                            "reward_timeout_s")),
@@ -49,7 +49,7 @@ TRAIN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                               "worker_gpus", "train_parallel", "weight_sync")),
     ("vLLM (rollout_backend=vllm)", ("vllm_gpu_memory_utilization", "vllm_max_model_len",
                                      "vllm_enforce_eager")),
-    ("the run", ("seed", "out", "overwrite", "log_samples", "report_to", "threads",
+    ("the run", ("seed", "sampling_seed", "out", "overwrite", "log_samples", "report_to", "threads",
                  "reuse_freed_memory", "quiet")),
 )
 UNGROUPED = "not yet in a group (postrl/options_docs.py: TRAIN_GROUPS)"

@@ -139,6 +139,7 @@ def cases(tmp: Path, earlier: Path):
         ("gae-no-critic", train("recipe_options.advantage=gae"), "needs a learned value"),
         ("dual-clip", train("recipe_options.dual_clip=0.5"), "dual_clip c must be > 1"),
         ("negative-clip", train("recipe_options.clip_low=-1"), "clip ranges must be >= 0"),
+        ("one-eval-sample", train("eval_samples=1"), "eval_samples=1 gives no spread"),
         ("unknown-recipe", ["train", *TINY, *into_earlier, "--recipe", "grpoo"],
          "unknown recipe 'grpoo'"),
         ("recipe-option", train("recipe_options.clip_hihg=1"), "no option 'clip_hihg'"),
@@ -242,7 +243,7 @@ def cases(tmp: Path, earlier: Path):
     ]
 
 
-CORPUS_SIZE = 95
+CORPUS_SIZE = 96
 
 
 def test_corpus_has_at_least_eighty_cases(tmp_path, earlier_run):

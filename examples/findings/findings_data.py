@@ -38,7 +38,8 @@ class RunData:
 
     @property
     def records(self) -> list[dict[str, Any]]:
-        return self.run.records
+        """One record per optimizer step; the evaluation before training (step 0) left out."""
+        return [record for record in self.run.records if record.get("step", 0) > 0]
 
 
 @dataclass

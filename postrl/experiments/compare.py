@@ -59,6 +59,7 @@ class RunSpec:
     preset: str
     recipe_options: dict[str, Any] = field(default_factory=dict)
     overrides: tuple[str, ...] = ()  # key=value, as on the command line
+    copy: int = 1  # the n-th time this recipe is compared: a noise floor when > 1
 
 
 @dataclass
@@ -94,14 +95,19 @@ def parse_recipe_spec(text: str) -> RunSpec:
     return RunSpec(label=_safe_label(text), preset=name, overrides=tuple(overrides))
 
 
+NOISE_SEED_STRIDE = 1_000  # sampling_seed of a repeated recipe: seed + stride x (copy - 1)
+
+
 def unique_labels(specs: list[RunSpec]) -> list[RunSpec]:
-    """The same recipe given twice (a noise-floor check) gets ``-2``, ``-3``... labels."""
+    """The same recipe given twice (a noise-floor check) gets ``-2``, ``-3``... labels; each
+    copy samples its own responses (``sampling_seed``) from the same prompts, or the copies
+    would be the same run, bit for bit."""
     seen: dict[str, int] = {}
     specs = list(specs)
     for index, spec in enumerate(specs):
         seen[spec.label] = count = seen.get(spec.label, 0) + 1
         if count > 1:
-            specs[index] = dataclasses.replace(spec, label=f"{spec.label}-{count}")
+            specs[index] = dataclasses.replace(spec, label=f"{spec.label}-{count}", copy=count)
     return specs
 
 
@@ -126,6 +132,8 @@ def plan_runs(specs: list[RunSpec], config_file: str | None, overrides: Sequence
             if spec.label != spec.preset:  # the resolved recipe (and the report) use the label
                 cfg.recipe_options["name"] = spec.label
             cfg.seed, cfg.out, cfg.token_budget = seed, str(out / spec.label / f"s{seed}"), budget
+            if spec.copy > 1:
+                cfg.sampling_seed = seed + NOISE_SEED_STRIDE * (spec.copy - 1)
             if unbounded:
                 cfg.steps = UNBOUNDED_STEPS
             validate(cfg, {})
@@ -220,7 +228,8 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
     specs = unique_labels(specs)
     out = Path(args.out or f"runs/{args.command_name}-" + "-".join(s.label for s in specs)[:80])
     planned = plan_runs(specs, args.config, args.overrides, args.seeds, args.token_budget, out)
-    check_fair([run.config.resolved() for run in planned], set(args.vary or ()))
+    noise_floor = {"sampling_seed"} if any(spec.copy > 1 for spec in specs) else set()
+    check_fair([run.config.resolved() for run in planned], set(args.vary or ()) | noise_floor)
     check_run_dirs_free(planned)
     print("\n".join(describe_plan(planned)))
     recipes = labelled_recipes(planned)

@@ -57,7 +57,11 @@ class EvalResult:
     """Means over problems; ``pass_at_k`` is empty when no k > 1 was asked (no sampling).
 
     ``mean_length`` is over the greedy completions (tokens), ``mean_sampled_length`` over the
-    sampled ones (None without sampling).
+    sampled ones (None without sampling). ``pass_at_1_sampled`` is the mean over problems of
+    correct / samples (equal to ``pass_at_k[1]`` when 1 is among the ks), None without sampling.
+    ``truncated_greedy`` and ``truncated_sampled`` are the shares of completions that stopped at
+    ``max_new_tokens`` without ending (an EOS or a stop string): a high share means the budget,
+    not the model, decided many answers.
     """
 
     task: str
@@ -71,6 +75,9 @@ class EvalResult:
     mean_sampled_length: float | None
     seconds: float
     per_problem: list[ProblemResult] = field(default_factory=list)
+    pass_at_1_sampled: float | None = None
+    truncated_greedy: float = 0.0
+    truncated_sampled: float | None = None
 
 
 def count_correct(
@@ -90,10 +97,13 @@ def count_correct(
     return [sum(flags[i * group_size : (i + 1) * group_size]) for i in range(len(examples))]
 
 
-def _generate(engine, tokenizer, prompts, group_size, params, seed) -> tuple[list[str], list[int]]:
+def _generate(engine, tokenizer, prompts, group_size, params, seed,
+              ) -> tuple[list[str], list[int], list[bool]]:
+    """Texts, lengths and whether each stopped at ``max_new_tokens`` (finish reason length)."""
     ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
     rollouts = engine.generate(ids, group_size, params, seed)
-    return rollouts.texts, rollouts.lengths.tolist()
+    truncated = [reason == "length" for reason in rollouts.finish_reasons]
+    return rollouts.texts, rollouts.lengths.tolist(), truncated
 
 
 @dataclass(frozen=True)
@@ -128,18 +138,21 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
     greedy_params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     sample_params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     greedy, correct, lengths, sampled_lengths = [], [], [], []
+    truncated, sampled_truncated = [], []
     for index in range(0, len(examples), batch_prompts):
         chunk = examples[index : index + batch_prompts]
         prompts = [build_prompt(tokenizer, ex.question, settings.system_prompt) for ex in chunk]
-        texts, chunk_lengths = _generate(engine, tokenizer, prompts, 1, greedy_params, seed)
+        texts, chunk_lengths, cut = _generate(engine, tokenizer, prompts, 1, greedy_params, seed)
         greedy += count_correct(verifier, chunk, prompts, texts, 1)
         lengths += chunk_lengths
+        truncated += cut
         if samples:
-            texts, chunk_lengths = _generate(
+            texts, chunk_lengths, cut = _generate(
                 engine, tokenizer, prompts, samples, sample_params, seed + index
             )
             correct += count_correct(verifier, chunk, prompts, texts, samples)
             sampled_lengths += chunk_lengths
+            sampled_truncated += cut
     return EvalResult(
         task=getattr(task, "name", type(task).__name__), model=model_name,
         n_problems=len(examples), samples_per_problem=samples, temperature=temperature,
@@ -151,6 +164,9 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
         seconds=time.perf_counter() - start,
         per_problem=[ProblemResult(ex.id, correct[i] if samples else 0, bool(greedy[i]))
                      for i, ex in enumerate(examples)],
+        pass_at_1_sampled=_mean([c / samples for c in correct]) if samples else None,
+        truncated_greedy=_mean(truncated),
+        truncated_sampled=_mean(sampled_truncated) if samples else None,
     )
 
 
@@ -230,8 +246,15 @@ def format_result(result: EvalResult) -> str:
     rows = [("pass@1 (greedy)", f"{result.pass_at_1_greedy:.3f}")]
     rows += [(f"pass@{k} (T={result.temperature:g}, {result.samples_per_problem} samples)",
               f"{value:.3f}") for k, value in result.pass_at_k.items()]
+    if result.pass_at_1_sampled is not None and 1 not in result.pass_at_k:
+        rows.append((f"pass@1 (T={result.temperature:g}, {result.samples_per_problem} samples)",
+                     f"{result.pass_at_1_sampled:.3f}"))
     rows += [("mean length (greedy, tokens)", f"{result.mean_length:.1f}"),
-             ("seconds", f"{result.seconds:.1f}")]
+             ("truncated at max_new_tokens (greedy)", f"{result.truncated_greedy:.1%}")]
+    if result.mean_sampled_length is not None and result.truncated_sampled is not None:
+        rows += [("mean length (sampled, tokens)", f"{result.mean_sampled_length:.1f}"),
+                 ("truncated at max_new_tokens (sampled)", f"{result.truncated_sampled:.1%}")]
+    rows.append(("seconds", f"{result.seconds:.1f}"))
     width = max(len(name) for name, _ in rows)
     head = f"{result.model} on {result.task} ({result.n_problems} test problems)"
     return "\n".join([head, *(f"  {name:<{width}}  {value}" for name, value in rows)])

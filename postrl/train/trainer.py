@@ -186,11 +186,18 @@ class Trainer:
         metrics: dict[str, float] = {}
         sinks = MultiSink([JsonlSink(self.run.metrics_path),
                            *make_sinks(self.cfg.report_to, self.run.path)])
+        # step 0's evaluation is logged with step 1, so an overwritten run is put back if the
+        # first step fails (nothing is logged before a step has finished)
+        start = self._evaluate() if self._evaluates_at_start() else None
         with sinks, TrainProgress(self.cfg.steps, self.cfg.token_budget,
                                   quiet=self.cfg.quiet) as bar:
             while not self.done():
                 metrics = self.train_step()
-                metrics.update(self._maybe_evaluate())
+                if self.cfg.eval_every and (self.step % self.cfg.eval_every == 0 or self.done()):
+                    metrics.update(self._evaluate())
+                if start is not None:
+                    sinks.log(0, start)
+                    start = None
                 sinks.log(self.step, metrics)
                 self.run.commit_replacement()  # the new run has started
                 bar.update(self.step, metrics)
@@ -262,23 +269,34 @@ class Trainer:
                 "are unharmed. Lower lr, check the rewards for huge values, or raise "
                 "max_skipped_steps")
 
-    def _maybe_evaluate(self) -> dict[str, float]:
-        """Greedy pass@1 on the first ``eval_n`` held-out problems, every ``eval_every``."""
-        if not self.cfg.eval_every or self.step % self.cfg.eval_every:
-            return {}
+    def _evaluates_at_start(self) -> bool:
+        return bool(self.cfg.eval_every) and self.step == 0 and not self.done()
+
+    def _evaluate(self) -> dict[str, float]:
+        """Greedy and sampled pass@1 on the first ``eval_n`` held-out problems: the same
+        problems and sampling seeds for every recipe of one seed, so arms pair."""
+        cfg = self.cfg
         started = time.perf_counter()
-        settings = EvalSettings(self.cfg.eval_n, max_new_tokens=self.cfg.max_new_tokens,
-                                seed=self.cfg.seed, system_prompt=self.cfg.system_prompt)
+        ks = (1, cfg.eval_samples) if cfg.eval_samples > 1 else (1,)
+        settings = EvalSettings(cfg.eval_n, ks=ks, temperature=cfg.temperature,
+                                max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                                system_prompt=cfg.system_prompt)
         result = evaluate(self.lm, self.tokenizer, self.task, settings)
-        return {"eval/accuracy": result.pass_at_1_greedy, "eval/mean_length": result.mean_length,
-                "time/eval_s": time.perf_counter() - started}
+        metrics = {"eval/accuracy": result.pass_at_1_greedy, "eval/mean_length": result.mean_length,
+                   "rollout/tokens_generated": self.tokens_generated,
+                   "time/eval_s": time.perf_counter() - started}
+        if result.pass_at_1_sampled is not None:
+            metrics["eval/sampled_accuracy"] = result.pass_at_1_sampled
+            metrics["eval/truncated_frac"] = result.truncated_sampled
+        return metrics
 
     def _generate_round(self, round_index: int, timings: dict[str, float]) -> list[Group]:
         examples = self.sampler.take(self.cfg.prompts_per_step)
         prompts = [build_prompt(self.tokenizer, e.question, self.cfg.system_prompt)
                    for e in examples]
         ids = [self._prompt_ids(e.id, p) for e, p in zip(examples, prompts, strict=True)]
-        seed = hash((self.cfg.seed, self.step, round_index)) % (2**31)
+        stream = self.cfg.seed if self.cfg.sampling_seed is None else self.cfg.sampling_seed
+        seed = hash((stream, self.step, round_index)) % (2**31)
         t = time.perf_counter()
         rollouts = self.engine.generate(ids, self.cfg.group_size, self.sampling, seed)
         timings["generate"] += time.perf_counter() - t

@@ -10,6 +10,7 @@ import torch
 from postrl.config import load_config
 from postrl.errors import ConfigError
 from postrl.experiments.compare import (
+    NOISE_SEED_STRIDE,
     UNBOUNDED_STEPS,
     add_compare_arguments,
     parse_recipe_spec,
@@ -245,3 +246,22 @@ def test_compare_prints_paired_differences_over_five_seeds(tmp_path, capsys):
     differences = [finals["dr_grpo", s] - finals["grpo+kl_coef=0", s] for s in range(5)]
     assert ", ".join(f"{d:.3g}" for d in differences) in lengths  # seed by seed, in order
     assert "cannot go below 0.0625 two-sided" in printed  # the floor of 5 pairs is stated
+
+
+def test_a_repeated_recipe_samples_its_own_responses_from_the_same_prompts(tmp_path, capsys):
+    """``compare grpo grpo``, the noise floor: the copy gets its own sampling stream, so the
+    two arms differ only by chance and their paired differences measure that chance."""
+    out = tmp_path / "floor"
+    args = compare_args("grpo", "grpo", "--seeds", "2", "--token-budget", "40", "--out",
+                        str(out), *TINY)
+    assert run_compare(args) == 0
+    printed = capsys.readouterr().out
+    assert "grpo-2 - grpo, paired by seed (differs in: nothing)" in printed
+    for seed in (0, 1):
+        first, copy = out / "grpo" / f"s{seed}", out / "grpo-2" / f"s{seed}"
+        assert f"sampling_seed: {seed + NOISE_SEED_STRIDE}" in (copy / "config.yaml").read_text()
+        assert "sampling_seed: null" in (first / "config.yaml").read_text()
+        assert _first_step_prompts(first) == _first_step_prompts(copy)
+        completions = [[json.loads(x)["completion"] for x in
+                        (run / "samples.jsonl").read_text().splitlines()] for run in (first, copy)]
+        assert completions[0] != completions[1]

@@ -54,7 +54,9 @@ def doc(runs_root) -> Path:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The run's step records (the evaluation before training, step 0, left out)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [record for record in records if record["step"] > 0]
 
 
 def table_rows(text: str, header_start: str) -> dict[str, list[str]]:

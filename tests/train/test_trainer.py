@@ -204,12 +204,18 @@ def test_token_budget_stops_the_run_within_one_step(tmp_path):
 def test_periodic_eval_and_saved_rollout_batches(tmp_path):
     from postrl.train.batch import load_rollout_batch
 
-    trainer = Trainer(tiny_config(tmp_path, "grpo", "eval_every=2", "eval_n=3", "steps=4",
+    trainer = Trainer(tiny_config(tmp_path, "grpo", "eval_every=2", "eval_n=3", "steps=5",
                                   "save_rollouts_every=2"))
     trainer.train()
     rows = read_metrics(tmp_path / "grpo")
-    assert ["eval/accuracy" in r for r in rows] == [False, True, False, True]
-    assert 0 <= rows[1]["eval/accuracy"] <= 1 and rows[1]["time/eval_s"] > 0
+    # before any update (step 0), every eval_every steps, and at the end of the budget
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
+    assert ["eval/accuracy" in r for r in rows] == [True, False, True, False, True, True]
+    assert rows[0]["rollout/tokens_generated"] == 0 and "loss/total" not in rows[0]
+    for row in (rows[0], rows[2], rows[5]):
+        assert 0 <= row["eval/accuracy"] <= 1 and row["time/eval_s"] > 0
+        assert 0 <= row["eval/sampled_accuracy"] <= 1 and 0 <= row["eval/truncated_frac"] <= 1
+    assert rows[5]["rollout/tokens_generated"] == trainer.tokens_generated > 0
     saved = sorted((tmp_path / "grpo" / "rollouts").glob("*.pt"))
     assert [p.name for p in saved] == ["step_2.pt", "step_4.pt"]
     batch, config = load_rollout_batch(saved[0])
