@@ -43,7 +43,8 @@ from postrl.experiments.paired import (
     seed_rows,
 )
 from postrl.recipes import Recipe, get_recipe
-from postrl.telemetry import read_metrics
+from postrl.telemetry import RunDir, read_metrics
+from postrl.train.resume import check_same_run
 
 RECIPE_OPTIONS = frozenset(f.name for f in dataclasses.fields(Recipe)) - {"name"}
 CONFIG_OPTIONS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
@@ -141,6 +142,16 @@ def plan_runs(specs: list[RunSpec], config_file: str | None, overrides: Sequence
     return planned
 
 
+def finished(run: PlannedRun) -> bool:
+    """Whether ``run`` already ran to its end here (its final policy is saved); ConfigError
+    when that run was made with other options, so a resumed comparison never mixes runs."""
+    run_dir = RunDir(run.config.run_dir())
+    if not (run_dir.path / "final" / "config.json").is_file() or not run_dir.config_path.is_file():
+        return False
+    check_same_run(run_dir.read_config(), run.config.resolved(), str(run_dir.path))
+    return True
+
+
 def check_run_dirs_free(planned: list[PlannedRun]) -> None:
     """Refuse, before any training, run directories that hold an earlier run."""
     taken = [str(p.config.run_dir()) for p in planned
@@ -230,6 +241,10 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
     planned = plan_runs(specs, args.config, args.overrides, args.seeds, args.token_budget, out)
     noise_floor = {"sampling_seed"} if any(spec.copy > 1 for spec in specs) else set()
     check_fair([run.config.resolved() for run in planned], set(args.vary or ()) | noise_floor)
+    done = [run for run in planned if finished(run)] if args.resume else []
+    if args.resume:  # unfinished runs continue from their newest checkpoint, if they have one
+        for run in planned:
+            run.config.resume = "auto"
     check_run_dirs_free(planned)
     print("\n".join(describe_plan(planned)))
     recipes = labelled_recipes(planned)
@@ -249,8 +264,10 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
                          for r in planned]}
     (out / "comparison.json").write_text(json.dumps(manifest, indent=2) + "\n")
     for index, run in enumerate(planned, 1):
-        print(f"[{index}/{len(planned)}] {run.spec.label} seed {run.seed} -> {run.config.out}",
-              flush=True)
+        print(f"[{index}/{len(planned)}] {run.spec.label} seed {run.seed} -> {run.config.out}"
+              + (" (finished: kept)" if run in done else ""), flush=True)
+        if run in done:
+            continue
         Trainer(run.config).train()
         gc.collect()  # free the finished run's model, optimizer and reference before the next
     print(summarize(planned, consecutive=args.command_name == "ladder"))
@@ -273,6 +290,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file of TrainConfig options shared by every run")
     parser.add_argument("--vary", action="append", metavar="FIELD",
                         help="a config field allowed to differ between runs (repeatable)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs that finished in --out and continue the others from "
+                             "their newest checkpoint (set save_every); refuses runs made with "
+                             "other options")
     parser.add_argument("--dry-run", action="store_true",
                         help="check fairness and print the plan and warnings; train nothing")
     parser.add_argument("overrides", nargs="*", default=[], metavar="key=value",

@@ -216,6 +216,9 @@ def _ratio_diagnostics(
     diag.add("clip/low_frac", share(surr.clipped_low))
     diag.add("clip/high_frac", share(surr.clipped_high))
     diag.add("clip/dual_frac", share(surr.dual_clipped))
+    # GSPO's unit (Zheng et al. 2025, Fig. 3): tokens, whatever the ratio unit
+    clipped = (surr.clipped_low | surr.clipped_high) & valid
+    diag.add("clip/token_frac", clipped.double().sum() / float(max(counts.tokens, 1)))
     diag.add("ratio/mean", share(surr.ratio))
     ratio = surr.ratio.detach()
     diag.low("ratio/min", ratio.masked_fill(~valid, math.inf).amin())

@@ -59,6 +59,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("clip/low_frac", "fraction", "terms whose lower clip bound was active (A < 0)"),
     Metric("clip/high_frac", "fraction", "terms whose upper clip bound was active (A > 0)"),
     Metric("clip/dual_frac", "fraction", "terms bounded by dual-clip"),
+    Metric("clip/token_frac", "fraction", "share of tokens whose clip bound (low or high) was active, counted per token for every ratio unit: GSPO's unit"),
     Metric("ratio/mean", "ratio", "mean importance ratio of the recipe's unit"),
     Metric("ratio/min", "ratio", "smallest importance ratio"),
     Metric("ratio/max", "ratio", "largest importance ratio"),

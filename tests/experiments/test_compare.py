@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,26 @@ def test_a_repeated_recipe_samples_its_own_responses_from_the_same_prompts(tmp_p
         completions = [[json.loads(x)["completion"] for x in
                         (run / "samples.jsonl").read_text().splitlines()] for run in (first, copy)]
         assert completions[0] != completions[1]
+
+
+def test_resume_keeps_finished_runs_and_continues_the_others(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    argv = ["grpo", "dr_grpo", "--seeds", "1", "--token-budget", "40", "--out", str(out),
+            *TINY, "save_every=1"]
+    assert run_compare(compare_args(*argv)) == 0
+    finished_metrics = (out / "grpo" / "s0" / "metrics.jsonl").read_bytes()
+    interrupted = out / "dr_grpo" / "s0"
+    shutil.rmtree(interrupted / "final")  # as if killed after its last checkpoint
+    steps = len(read_metrics(interrupted / "metrics.jsonl"))
+    with pytest.raises(ConfigError, match="already hold runs"):
+        run_compare(compare_args(*argv))
+    capsys.readouterr()
+    assert run_compare(compare_args(*argv, "--resume")) == 0
+    printed = capsys.readouterr().out
+    assert "grpo seed 0 -> " in printed and "(finished: kept)" in printed
+    assert (out / "grpo" / "s0" / "metrics.jsonl").read_bytes() == finished_metrics
+    assert (interrupted / "final" / "config.json").is_file()
+    assert len(read_metrics(interrupted / "metrics.jsonl")) == steps  # continued, not redone
+    with pytest.raises(ConfigError, match=r"cannot resume from .*grpo/s0: the run's options "
+                                          r"changed \(lr"):
+        run_compare(compare_args(*argv, "--resume", "lr=0.5"))

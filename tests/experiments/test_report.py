@@ -92,7 +92,7 @@ def _parse(path: Path) -> _Page:
 
 def test_report_on_real_and_synthetic_runs(real_runs, tmp_path):
     real = read_metrics(real_runs / "grpo_seed1" / "metrics.jsonl")
-    assert len(real) == 3 and "eval/accuracy" in real[-1]
+    assert len(real) == 1 + 3 and "eval/accuracy" in real[0] and "eval/accuracy" in real[-1]
     synthetic_dapo_runs(tmp_path / "synthetic")
     html_path, md_path = write_report([real_runs, tmp_path / "synthetic"], tmp_path / "out")
     pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))

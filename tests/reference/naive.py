@@ -240,6 +240,7 @@ class NaiveLoss:
     clip_low_frac: float | None
     clip_high_frac: float | None
     dual_frac: float | None
+    clip_token_frac: float  # tokens whose low or high bound acted, for every ratio unit
     ratio_mean: float
     kl_mean: float | None
     entropy_mean: float | None
@@ -495,6 +496,8 @@ def policy_loss(
         clip_low_frac=count("low"),
         clip_high_frac=count("high"),
         dual_frac=count("dual"),
+        clip_token_frac=sum(terms[i].low.get(t, False) or terms[i].high.get(t, False)
+                            for i, positions in rows.items() for t in positions) / n_tokens,
         ratio_mean=_mean(ratios),
         kl_mean=kl_mean,
         entropy_mean=entropy_mean,

@@ -209,6 +209,7 @@ def test_policy_loss_matches_naive(ratio: str, data: st.DataObject) -> None:
     close(diag["loss/per_token"], ref.per_token, "loss/per_token")
     close(diag["loss/per_response"], ref.per_response, "loss/per_response")
     close(diag["ratio/mean"], ref.ratio_mean, "ratio/mean")
+    close(diag["clip/token_frac"], ref.clip_token_frac, "clip/token_frac")
     if ref.clip_low_frac is not None:
         close(diag["clip/low_frac"], ref.clip_low_frac, "clip/low_frac")
         close(diag["clip/high_frac"], ref.clip_high_frac, "clip/high_frac")
