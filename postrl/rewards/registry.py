@@ -14,11 +14,13 @@ from postrl.errors import ConfigError
 from postrl.rewards.base import RewardFunction
 from postrl.rewards.countdown import countdown_reward
 from postrl.rewards.math_answer import format_reward, math_answer
+from postrl.rewards.reasoning_gym import reasoning_gym_reward
 
 BUILTIN_REWARDS: dict[str, RewardFunction] = {
     "math_answer": math_answer,
     "format": format_reward,
     "countdown": countdown_reward,
+    "reasoning_gym": reasoning_gym_reward,  # the task reasoning_gym:NAME's verifier
 }
 
 
@@ -58,8 +60,9 @@ def _load_module(location: str, spec: str) -> ModuleType:
 
 
 def load_reward(spec: str) -> RewardFunction:
-    """A built-in name (``math_answer``, ``format``, ``countdown``), ``module.path:function`` or
-    ``path/to/file.py:function``; ConfigError naming ``spec`` if it cannot be loaded."""
+    """A built-in name (``math_answer``, ``format``, ``countdown``, ``reasoning_gym``),
+    ``module.path:function`` or ``path/to/file.py:function``; ConfigError naming ``spec`` if it
+    cannot be loaded."""
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
     location, separator, attribute = spec.rpartition(":")

@@ -11,6 +11,7 @@ from postrl.tasks.files import (
     load_table,
     parse_gsm8k_answer,
 )
+from postrl.tasks.reasoning_gym import ReasoningGymTask
 from postrl.tasks.registry import TASK_FORMS, load_task, task_options
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "ArithmeticTask",
     "CountdownTask",
     "Example",
+    "ReasoningGymTask",
     "FileTask",
     "Task",
     "build_prompt",

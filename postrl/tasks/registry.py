@@ -1,7 +1,8 @@
 """``load_task(spec, **options)``: from a task spec such as ``"gsm8k:data/train.jsonl"`` to a Task.
 
 Every task accepts ``seed`` (the order of ``train()``) and ``test_fraction``; the others are
-listed by :func:`task_options`. An unknown spec or option is a ConfigError naming it.
+listed by :func:`task_options` (for ``reasoning_gym:NAME``, by the dataset NAME's config). An
+unknown spec or option is a ConfigError naming it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from postrl.tasks.arithmetic import ArithmeticTask
 from postrl.tasks.base import Task
 from postrl.tasks.countdown import CountdownTask
 from postrl.tasks.files import load_file_task, load_gsm8k, load_saved_dataset, load_table
+from postrl.tasks.reasoning_gym import ReasoningGymTask
 
 TASK_FORMS = (
     "arithmetic",
@@ -24,6 +26,7 @@ TASK_FORMS = (
     "gsm8k:PATH (GSM8K-format JSONL, or a folder with train.jsonl and test.jsonl)",
     "jsonl:PATH",
     "parquet:PATH",
+    "reasoning_gym:NAME (a reasoning-gym dataset, e.g. chain_sum; pip install 'postrl[reasoning]')",
     "DIR (a dataset saved with datasets' save_to_disk)",
 )
 BUILT_IN: dict[str, Callable[..., Task]] = {
@@ -35,6 +38,8 @@ FILE_KINDS: dict[str, Callable[..., Task]] = {
     "jsonl": partial(load_table, "jsonl"),
     "parquet": partial(load_table, "parquet"),
 }
+# KIND:NAME specs whose options depend on NAME (the factory's ``accepted_options(NAME)``).
+NAMED_KINDS: dict[str, Callable[..., Task]] = {"reasoning_gym": ReasoningGymTask}
 # Parameters of the loaders that are not options a user sets.
 INTERNAL_PARAMETERS = {"self", "kind", "path", "fields", "reader"}
 
@@ -42,7 +47,7 @@ INTERNAL_PARAMETERS = {"self", "kind", "path", "fields", "reader"}
 def load_task(spec: str, **options: Any) -> Task:
     """Build the task named by ``spec``; see ``TASK_FORMS`` for the forms a spec may take."""
     factory, path = resolve_spec(spec)
-    check_options(spec, factory, options)
+    check_options(spec, factory, options, path)
     return factory(**options) if path is None else factory(path, **options)
 
 
@@ -56,14 +61,22 @@ def resolve_spec(spec: str) -> tuple[Callable[..., Task], str | None]:
         if not path:
             raise ConfigError(f"task '{spec}': a path is needed after '{kind}:'")
         return FILE_KINDS[kind], path
+    if colon and kind in NAMED_KINDS:
+        if not path.strip():
+            raise ConfigError(f"task '{spec}': a dataset name is needed after '{kind}:'")
+        return NAMED_KINDS[kind], path.strip()
     if spec and Path(spec).is_dir():
         return load_saved_dataset, spec
     forms = "\n  ".join(TASK_FORMS)
     raise ConfigError(f"unknown task '{spec}'; a task is one of:\n  {forms}")
 
 
-def task_options(factory: Callable[..., Task]) -> list[str]:
-    """The option names ``factory`` accepts, following ``**options`` to ``load_file_task``."""
+def task_options(factory: Callable[..., Task], path: str | None = None) -> list[str]:
+    """The option names ``factory`` accepts, following ``**options`` to ``load_file_task``;
+    a factory with ``accepted_options`` (``reasoning_gym:NAME``) says them for ``path``."""
+    accepted_options = getattr(factory, "accepted_options", None)
+    if accepted_options is not None:
+        return list(accepted_options(path))
     signature = inspect.signature(factory)
     names = [name for name in signature.parameters if name not in INTERNAL_PARAMETERS]
     kinds = {p.kind for p in signature.parameters.values()}
@@ -73,9 +86,10 @@ def task_options(factory: Callable[..., Task]) -> list[str]:
     return names
 
 
-def check_options(spec: str, factory: Callable[..., Task], options: dict[str, Any]) -> None:
+def check_options(spec: str, factory: Callable[..., Task], options: dict[str, Any],
+                  path: str | None = None) -> None:
     """Raise a ConfigError naming the first option ``factory`` does not accept."""
-    accepted = task_options(factory)
+    accepted = task_options(factory, path)
     for name in options:
         if name not in accepted:
             raise ConfigError(

@@ -26,7 +26,7 @@ NOT_A_FUNCTION = 3
 
 
 def test_builtins() -> None:
-    assert set(BUILTIN_REWARDS) == {"math_answer", "format", "countdown"}
+    assert set(BUILTIN_REWARDS) == {"math_answer", "format", "countdown", "reasoning_gym"}
     assert load_reward("math_answer") is math_answer
     assert load_reward("format") is format_reward
     assert load_reward("countdown") is countdown_reward

@@ -17,6 +17,7 @@ from postrl.train.evaluate import (
     add_eval_arguments,
     count_correct,
     evaluate,
+    format_result,
     parse_ks,
     parse_task_options,
     pass_at_k,
@@ -115,12 +116,27 @@ def test_evaluate_tiny_gives_consistent_numbers(tiny) -> None:
     assert result.seconds > 0
 
 
+def test_evaluate_reports_sampled_pass_at_1_and_truncation(tiny) -> None:
+    model, tokenizer = tiny
+    settings = EvalSettings(n=3, ks=[2], max_new_tokens=3, seed=0)  # no k=1 asked
+    result = evaluate(model, tokenizer, load_task("arithmetic"), settings)
+    counts = [row.correct for row in result.per_problem]
+    assert result.pass_at_1_sampled == pytest.approx(sum(c / 2 for c in counts) / 3)
+    for share, lengths in ((result.truncated_greedy, result.mean_length),
+                           (result.truncated_sampled, result.mean_sampled_length)):
+        assert share is not None and 0 <= share <= 1
+        assert lengths is not None and (share < 1 or lengths == 3)  # all cut: all at 3 tokens
+    text = format_result(result)
+    assert "pass@1 (T=1, 2 samples)" in text and "truncated at max_new_tokens (sampled)" in text
+
+
 def test_evaluate_greedy_only_draws_no_samples(tiny) -> None:
     model, tokenizer = tiny
     result = evaluate(model, tokenizer, load_task("arithmetic"),
                       EvalSettings(n=2, ks=[1], max_new_tokens=4))
     assert result.samples_per_problem == 0 and result.pass_at_k == {}
     assert result.mean_sampled_length is None and result.n_problems == 2
+    assert result.pass_at_1_sampled is None and result.truncated_sampled is None
 
 
 # --- CLI helpers ----------------------------------------------------------------------------
