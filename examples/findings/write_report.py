@@ -1,146 +1,128 @@
-"""Write docs/findings.md from the hand-written notes.md and the run directories.
+"""docs/findings.md from the pre-registered plan (``plan.md``, copied verbatim) and the runs.
 
-    python examples/findings/write_report.py runs/findings [--notes NOTES] [--out DOC]
+    python examples/findings/write_report.py runs/findings --out docs/findings.md
 
-notes.md is Markdown prose with placeholders that this script replaces, so rerunning it after
-new runs regenerates every number and figure and keeps the prose:
-
-    {{ overview }}                       one row per experiment: recipes, budget, tokens, time
-    {{ EXP setup }}                      command, shared schedule, what each recipe changes
-    {{ EXP table }}                      the experiment's metrics, mean ± 95% CI over seeds
-    {{ EXP cost }}                       steps, tokens, seconds per recipe; wall time
-    {{ EXP figures }}                    PNGs drawn into docs/findings/ and linked
-    {{ EXP runs }}                       the run directories read
-    {{ EXP value RECIPE ROW }}           one table cell, for numbers quoted in the prose
-
-EXP is an experiment directory under the runs root (length, ladder, offpolicy). The runs of
-each experiment are re-checked for fairness (postrl's check_fair) before anything is written.
-Lines of notes.md starting with ``> TODO(findings)`` mark prose still to be written; they are
-copied as they are and counted in a warning.
+For each experiment of ``findings_plan.py`` that has run, the results section gives every
+hypothesis's per-seed values, the paired difference (one-sided in the predicted direction),
+its p-value and minimum detectable effect, and the verdict; then the cost (steps, tokens,
+wall time) and ``postrl report``'s tables and curves in ``docs/findings/<experiment>/``. An
+experiment that has not run is listed as such, never skipped silently.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import json
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
-import findings_blocks as blocks
-from findings_data import ExperimentData, load_experiment
-from findings_plan import BY_NAME, EXPERIMENTS
+from analysis import Outcome, describe, steps_taken, test
+from findings_plan import EXPERIMENTS, RUN_RECORD, Experiment
 
-from postrl.errors import ConfigError, DataError, PostRLError
-from postrl.experiments.fairness import check_fair
+from postrl.errors import DataError
+from postrl.experiments.report import load_run, write_report
+from postrl.experiments.stats import format_interval, format_number, mean_interval
 
 HERE = Path(__file__).resolve().parent
-PLACEHOLDER = re.compile(r"\{\{\s*(.*?)\s*\}\}")
-TODO = "> TODO(findings)"
-BLOCKS = ("setup", "table", "cost", "figures", "runs")
 
 
-@dataclass
-class Context:
-    runs_root: Path
-    figures_dir: Path
-    doc_dir: Path
-    experiments: dict[str, ExperimentData] = field(default_factory=dict)
-
-    def experiment(self, name: str) -> ExperimentData:
-        """Load (once) and fairness-check the experiment ``runs_root/name``."""
-        if name not in self.experiments:
-            data = load_experiment(self.runs_root, name)
-            check_fair([run.run.config for run in data.runs], set(data.manifest.get("vary", [])))
-            self.experiments[name] = data
-        return self.experiments[name]
+def load_arms(root: Path) -> dict[str, dict[int, list[dict]]]:
+    """Label -> seed -> records of one experiment's runs, as compare's comparison.json lists
+    them (the labels the hypotheses name)."""
+    manifest = root / "comparison.json"
+    if not manifest.is_file():
+        raise DataError(f"{manifest}: missing (written by postrl compare)")
+    arms: dict[str, dict[int, list[dict]]] = {}
+    for run in json.loads(manifest.read_text())["runs"]:
+        path = root / run["label"] / f"s{run['seed']}"
+        arms.setdefault(run["label"], {})[int(run["seed"])] = load_run(path).records
+    return arms
 
 
-def experiment_names(runs_root: Path) -> list[str]:
-    """The experiments under ``runs_root``: the planned ones in plan order, then any other."""
-    found = {path.parent.name for path in runs_root.glob("*/comparison.json")}
-    if not found:
-        raise KeyError(f"no experiment (a comparison.json) under {runs_root}")
-    return [e.name for e in EXPERIMENTS if e.name in found] + sorted(found - set(BY_NAME))
+def _values(values: dict[int, float | None]) -> str:
+    return ", ".join("–" if v is None else format_number(v) for _, v in sorted(values.items()))
 
 
-def expand(words: list[str], ctx: Context) -> str:
-    """The text of one placeholder, split into words; KeyError/ValueError for a bad one."""
-    if words == ["overview"]:
-        return blocks.overview([ctx.experiment(name) for name in experiment_names(ctx.runs_root)])
-    if len(words) == 2 and words[1] in BLOCKS:
-        data = ctx.experiment(words[0])
-        if words[1] == "figures":
-            return blocks.figures(data, ctx.figures_dir, ctx.doc_dir)
-        return getattr(blocks, words[1])(data)
-    if len(words) == 4 and words[1] == "value":
-        return blocks.value(ctx.experiment(words[0]), words[2], words[3])
-    raise ValueError("expected {{ overview }}, {{ EXP " + " | ".join(BLOCKS)
-                     + " }} or {{ EXP value RECIPE ROW }}")
+def outcome_row(outcome: Outcome) -> list[str]:
+    h, d = outcome.hypothesis, outcome.directional
+    arms = f"`{h.second}` − `{h.first}`"
+    if d is None:
+        return [describe(h.measure), arms, _values(outcome.first), _values(outcome.second),
+                "–", "–", "–", outcome.verdict]
+    interval = f"{format_number(d.mean)} [{format_number(d.low)}, {format_number(d.high)}]"
+    return [describe(h.measure), arms, _values(outcome.first), _values(outcome.second), interval,
+            f"{d.p_value:.3g} ({d.alternative})", format_number(d.mde), outcome.verdict]
 
 
-def render(notes: str, source: str, ctx: Context) -> str:
-    """``notes`` with every placeholder replaced; DataError naming ``source:line``."""
-    out = []
-    for number, line in enumerate(notes.splitlines(keepends=True), 1):
-        def fill(match: re.Match[str], number: int = number) -> str:
-            try:
-                return expand(match.group(1).split(), ctx)
-            except (KeyError, ValueError) as err:
-                message = err.args[0] if err.args else str(err)
-                raise DataError(f"{source}:{number}: {match.group(0)}: {message}") from None
-        out.append(PLACEHOLDER.sub(fill, line))
-    return "".join(out)
+HEADERS = ["measure", "arms", "first arm, per seed", "second arm, per seed",
+           "difference [95% CI]", "p", "MDE (80%)", "verdict"]
 
 
-def shown(path: Path) -> str:
-    """``path`` relative to the working directory when it is below it (stable in the doc)."""
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return lines + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
 
 
-def header(source: str, runs_root: str) -> str:
-    return (f"<!-- Generated by `make findings` (examples/findings/write_report.py) from {source}"
-            f" and the runs under {runs_root}/.\n     Edit the prose in {source}, not here; "
-            "rerun `python examples/findings/write_report.py` to refresh the numbers. -->\n\n")
+def results_section(experiment: Experiment, root: Path, figures: Path) -> tuple[list[str], list]:
+    """The Markdown of one experiment's results and its primary outcomes."""
+    title = f"### {experiment.title}"
+    if not (root / RUN_RECORD).is_file():
+        return [title, "", f"Not run yet: `make findings-{experiment.name}`.", ""], []
+    arms = load_arms(root)
+    outcomes = [test(h, arms) for h in experiment.hypotheses]
+    record = json.loads((root / RUN_RECORD).read_text())
+    primary = [o for o in outcomes if o.hypothesis.primary]
+    lines = [title, "", f"Command: `{record['command']}`; wall time "
+             f"{record['wall_seconds'] / 60:.1f} min. Run directories: `{root}/<arm>/s<seed>`.",
+             "", "**Primary** (pre-registered):", ""]
+    lines += table(HEADERS, [outcome_row(o) for o in primary])
+    lines += ["", "**Secondary** (described, not tested for the claim):", ""]
+    lines += table(HEADERS, [outcome_row(o) for o in outcomes if not o.hypothesis.primary])
+    cost = [[label, format_interval(mean_interval(steps_taken(r) for r in seeds.values())),
+             format_interval(mean_interval(
+                 r[-1].get("rollout/tokens_generated") for r in seeds.values()))]
+            for label, seeds in arms.items()]
+    lines += ["", "**Cost** per run, mean over seeds [95% CI]:", ""]
+    lines += table(["arm", "optimizer steps", "tokens generated"], cost)
+    report_html, report_md = write_report([root], figures)
+    lines += ["", f"Every summary metric paired by seed, and the curves: "
+              f"[{report_md.relative_to(figures.parent.parent)}]"
+              f"({report_md.relative_to(figures.parent.parent)}).", ""]
+    return lines, primary
 
 
-def write(runs_root: Path, notes_path: Path, out: Path, figures_dir: Path | None = None) -> int:
-    """Write the document (and its PNGs); return the number of TODO markers left in it."""
-    if not notes_path.is_file():
-        raise ConfigError(f"--notes {notes_path}: no such file")
-    figures_dir = figures_dir or out.with_suffix("")
-    for stale in figures_dir.glob("*.png") if figures_dir.is_dir() else ():
-        stale.unlink()  # the folder holds only this document's figures
-    ctx = Context(runs_root, figures_dir, out.parent)
-    notes = notes_path.read_text(encoding="utf-8")
-    source = shown(notes_path)
-    text = header(source, shown(runs_root)) + render(notes, source, ctx)
+def write(runs_root: Path, plan: Path, out: Path) -> Path:
+    """Write ``out`` (docs/findings.md): the plan, then the results of what has run."""
+    if not plan.is_file():
+        raise DataError(f"{plan}: missing (the pre-registered plan)")
+    lines = [f"<!-- Generated by examples/findings/write_report.py from {plan.name} and "
+             f"{runs_root}/; edit the plan there, never the results here. -->", "",
+             plan.read_text(encoding="utf-8").rstrip(), "", "## Results", ""]
+    verdicts = []
+    for experiment in EXPERIMENTS:
+        section, primary = results_section(experiment, runs_root / experiment.name,
+                                           out.parent / "findings" / experiment.name)
+        lines += section
+        verdicts += [(experiment.title, o.verdict) for o in primary]
+    if verdicts:
+        lines += ["### Verdicts", ""] + table(["experiment", "primary verdict"], verdicts)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
-    return sum(line.startswith(TODO) for line in text.splitlines())
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs_root", type=Path, nargs="?", default=Path("runs/findings"),
-                        help="the experiments' directories (default runs/findings)")
-    parser.add_argument("--notes", type=Path, default=HERE / "notes.md",
-                        help="the hand-written template (default examples/findings/notes.md)")
+    parser.add_argument("runs", type=Path, help="root of the experiments (runs/findings)")
+    parser.add_argument("--plan", type=Path, default=HERE / "plan.md")
     parser.add_argument("--out", type=Path, default=Path("docs/findings.md"))
-    parser.add_argument("--figures", type=Path, default=None,
-                        help="folder of the PNGs (default: --out without .md)")
     args = parser.parse_args(argv)
     try:
-        todos = write(args.runs_root, args.notes, args.out, args.figures)
-    except PostRLError as err:
-        print(f"write_report: error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.out}")
-    if todos:
-        print(f"warning: {args.out} still has {todos} '{TODO}' line(s) of prose to write")
+        print(f"wrote {write(args.runs, args.plan, args.out)}")
+    except DataError as err:
+        print(f"write_report: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -162,8 +162,6 @@ def paired_difference(first: Mapping[int, float | None], second: Mapping[int, fl
 
 
 def _t_bounds(mean: float, sd: float, n: int, alternative: str) -> tuple[float, float]:
-    if sd == 0:
-        return mean, mean
     se = sd / math.sqrt(n)
     if alternative == "two-sided":
         half = t_quantile(n - 1) * se
