@@ -182,10 +182,14 @@ def describe_plan(planned: list[PlannedRun]) -> list[str]:
              f"task {cfg.task}, {cfg.prompts_per_step} prompts x {cfg.group_size} samples per "
              f"step, max_new_tokens {cfg.max_new_tokens}, stop at {stop}"]
     for recipe in recipes:
-        changes = differing(recipes[0], recipe)
-        what = "; ".join(f"{c.title}: {c.describe(recipe)}" for c in changes)
+        what = changes_text(recipes[0], recipe)
         lines.append(f"  {recipe.name}: " + (what if recipe is not recipes[0] else "baseline"))
     return lines
+
+
+def changes_text(base: Recipe, recipe: Recipe) -> str:
+    """``recipe``'s components that differ from ``base``'s, each as ``title: state``."""
+    return "; ".join(f"{c.title}: {c.describe(recipe)}" for c in differing(base, recipe))
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -221,9 +225,8 @@ def summarize(planned: list[PlannedRun], consecutive: bool = False) -> str:
     recipes = {recipe.name: recipe for recipe in labelled_recipes(planned)}
     paired = paired_rows(finals, FINAL_METRICS, consecutive)
     for first, second in arm_pairs(list(finals), consecutive):
-        changes = differing(recipes[first], recipes[second])
-        what = "; ".join(f"{c.title}: {c.describe(recipes[second])}" for c in changes)
-        parts += ["", f"{second} - {first}, paired by seed (differs in: {what or 'nothing'}):",
+        what = changes_text(recipes[first], recipes[second]) or "nothing"
+        parts += ["", f"{second} - {first}, paired by seed (differs in: {what}):",
                   format_table(PAIRED_HEADERS, [paired_cells(row) for row in paired
                                                 if (row.first, row.second) == (first, second)])]
     if len(finals) > 1:
