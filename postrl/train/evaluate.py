@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -22,6 +22,9 @@ from postrl.errors import ConfigError
 from postrl.rewards import Scorer
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.tasks import Example, Task, build_prompt
+
+if TYPE_CHECKING:
+    from postrl.config import TrainConfig
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -168,6 +171,24 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
         truncated_greedy=_mean(truncated),
         truncated_sampled=_mean(sampled_truncated) if samples else None,
     )
+
+
+def training_eval(model: Any, tokenizer: Any, task: Task, cfg: TrainConfig) -> dict[str, float]:
+    """The trainer's held-out metrics: greedy and (``eval_samples`` > 1) sampled pass@1 on the
+    first ``eval_n`` test problems at the training temperature, with the run's seed, so every
+    recipe of one seed is scored on the same problems and sampling seeds and arms pair."""
+    started = time.perf_counter()
+    ks = (1, cfg.eval_samples) if cfg.eval_samples > 1 else (1,)
+    settings = EvalSettings(cfg.eval_n, ks=ks, temperature=cfg.temperature,
+                            max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                            system_prompt=cfg.system_prompt)
+    result = evaluate(model, tokenizer, task, settings)
+    metrics = {"eval/accuracy": result.pass_at_1_greedy, "eval/mean_length": result.mean_length,
+               "time/eval_s": time.perf_counter() - started}
+    if result.pass_at_1_sampled is not None:
+        metrics["eval/sampled_accuracy"] = result.pass_at_1_sampled
+        metrics["eval/truncated_frac"] = result.truncated_sampled
+    return metrics
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -32,7 +32,7 @@ from postrl.telemetry.run_lock import RunLock
 from postrl.telemetry.trackers import check_sinks
 from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
 from postrl.train.distributed.weights import trainable_state
-from postrl.train.evaluate import EvalSettings, evaluate
+from postrl.train.evaluate import training_eval
 from postrl.train.metrics import sample_rows, step_metrics
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
 from postrl.train.sampling import Group, PromptSampler, collect
@@ -188,7 +188,8 @@ class Trainer:
                            *make_sinks(self.cfg.report_to, self.run.path)])
         # step 0's evaluation is logged with step 1, so an overwritten run is put back if the
         # first step fails (nothing is logged before a step has finished)
-        start = self._evaluate() if self._evaluates_at_start() else None
+        at_start = self.cfg.eval_every and self.step == 0 and not self.done()
+        start = self._evaluate() if at_start else None
         with sinks, TrainProgress(self.cfg.steps, self.cfg.token_budget,
                                   quiet=self.cfg.quiet) as bar:
             while not self.done():
@@ -269,26 +270,10 @@ class Trainer:
                 "are unharmed. Lower lr, check the rewards for huge values, or raise "
                 "max_skipped_steps")
 
-    def _evaluates_at_start(self) -> bool:
-        return bool(self.cfg.eval_every) and self.step == 0 and not self.done()
-
     def _evaluate(self) -> dict[str, float]:
-        """Greedy and sampled pass@1 on the first ``eval_n`` held-out problems: the same
-        problems and sampling seeds for every recipe of one seed, so arms pair."""
-        cfg = self.cfg
-        started = time.perf_counter()
-        ks = (1, cfg.eval_samples) if cfg.eval_samples > 1 else (1,)
-        settings = EvalSettings(cfg.eval_n, ks=ks, temperature=cfg.temperature,
-                                max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                                system_prompt=cfg.system_prompt)
-        result = evaluate(self.lm, self.tokenizer, self.task, settings)
-        metrics = {"eval/accuracy": result.pass_at_1_greedy, "eval/mean_length": result.mean_length,
-                   "rollout/tokens_generated": self.tokens_generated,
-                   "time/eval_s": time.perf_counter() - started}
-        if result.pass_at_1_sampled is not None:
-            metrics["eval/sampled_accuracy"] = result.pass_at_1_sampled
-            metrics["eval/truncated_frac"] = result.truncated_sampled
-        return metrics
+        """Held-out metrics now, tagged with the tokens generated so far (equal cost)."""
+        metrics = training_eval(self.lm, self.tokenizer, self.task, self.cfg)
+        return {**metrics, "rollout/tokens_generated": self.tokens_generated}
 
     def _generate_round(self, round_index: int, timings: dict[str, float]) -> list[Group]:
         examples = self.sampler.take(self.cfg.prompts_per_step)
