@@ -40,6 +40,7 @@ from analysis import (
 
 BASE = "examples/findings/reasoning.yaml"
 RUN_RECORD = "findings.json"
+BUDGET = 4_000  # generated tokens per run: about ten steps in this regime (plan.md)
 SEEDS = 5  # one-sided rank tests reach p = 1/32 with 5 pairs; two-sided ones only 1/16
 
 GRPO = "grpo:kl_coef=0"  # GRPO with beta = 0, as the Dr. GRPO authors' code runs both arms
@@ -81,7 +82,7 @@ OFFPOLICY_ARMS = (GRPO, "gspo", "dhpo")
 EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment(
         "length", "E1 Response length: GRPO's normalisers (Dr. GRPO §3.1)", LENGTH_ARMS,
-        token_budget=12_000,
+        token_budget=BUDGET,
         hypotheses=_hypotheses(
             LENGTH_ARMS,
             (0, 1, incorrect_length_slope, -1, True),  # the constant normaliser: slower growth
@@ -90,7 +91,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             (0, 2, heldout_final, 0, False),
         )),
     Experiment(
-        "dynamic", "E2 Dynamic sampling (DAPO §3.2)", DYNAMIC_ARMS, token_budget=12_000,
+        "dynamic", "E2 Dynamic sampling (DAPO §3.2)", DYNAMIC_ARMS, token_budget=BUDGET,
         hypotheses=_hypotheses(
             DYNAMIC_ARMS,
             (0, 1, heldout_gain_per_step, +1, True),  # more learning per optimizer step
@@ -100,7 +101,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         )),
     Experiment(
         "offpolicy", "E3 Off-policy updates: token, sequence and hybrid ratios (GSPO, DHPO)",
-        OFFPOLICY_ARMS, token_budget=12_000, overrides=("minibatches=4",),
+        OFFPOLICY_ARMS, token_budget=BUDGET, overrides=("minibatches=4",),
         hypotheses=_hypotheses(
             OFFPOLICY_ARMS,
             (0, 1, mean_over_steps("clip/token_frac"), +1, True),  # GSPO clips more tokens

@@ -30,10 +30,8 @@ from postrl.tasks.arithmetic import (
 )
 from postrl.tasks.base import Example, FixedSplits
 
-# Appended to every question: reason first, then one line the verifier reads. The template
-# on a line of its own is what SmolLM2-135M-Instruct copied most often in the pilot
-# (examples/findings/pilot.md); "give the final answer ... as: Answer: <answer>" in the
-# sentence was followed far less.
+# Appended to every question: reason first, then one line the verifier reads, with the
+# template on a line of its own (examples/findings/pilot.md compares the instructions tried).
 ANSWER_INSTRUCTION = (
     "\n\nThink step by step. Then write your final answer on the last line, starting with "
     '"Answer:", like this:\nAnswer: <answer>'
