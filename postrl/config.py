@@ -69,6 +69,8 @@ class TrainConfig:
     top_k: int = opt(0, "draw from the k most likely tokens only; 0 = off")
     max_new_tokens: int = opt(64, "the longest response, in tokens (L_max); longer ones are "
                               "truncated")
+    max_turns: int = opt(4, "an environment task's episodes: at most this many model turns "
+                         "(max_new_tokens bounds the model's tokens over the whole episode)")
     stop: list[str] = opt(factory=list, doc="strings that end a response; [] = only the "
                           "end-of-sequence token")
     steps: int = opt(20, "training steps, each one rollout batch and its updates; the run "

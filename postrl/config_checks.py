@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from postrl.config import TrainConfig
 
 POSITIVE = ("prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs", "minibatches",
-            "micro_batch_size", "lr", "critic_lr", "eval_n", "keep_last", "max_skipped_steps",
-            "rollout_workers", "train_workers")
+            "max_turns", "micro_batch_size", "lr", "critic_lr", "eval_n", "keep_last",
+            "max_skipped_steps", "rollout_workers", "train_workers")
 NON_NEGATIVE = ("top_k", "warmup_steps", "weight_decay", "critic_warmup_steps", "log_samples",
                 "eval_every", "eval_samples", "save_rollouts_every", "save_every", "worker_gpus")
 SCHEDULES = ("constant", "linear", "cosine")

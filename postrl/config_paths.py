@@ -57,6 +57,8 @@ def _reward(base: Path, entry: Any) -> Any:
         return {**entry, "fn": _reward(base, entry["fn"])}
     if not isinstance(entry, str):
         return entry
+    if entry.startswith("reward_model:") and entry != "reward_model:":  # a model directory
+        return "reward_model:" + _join(base, entry.partition(":")[2])
     location, colon, function = entry.rpartition(":")
     return f"{_join(base, location)}:{function}" if colon and is_file_spec(location) else entry
 

@@ -195,6 +195,9 @@ def cases(tmp: Path, earlier: Path):
         ("unknown-task", train("task=chess"), "chess"),
         ("task-option", train("task_options.digitz=2"), "digitz"),
         ("task-digits", train("task_options.digits=0"), "digits"),
+        ("task-guess-range", train("task=guess_number", "task_options.min_high=9",
+                                   "task_options.max_high=4"), "max_high (4) must be >= min_high"),
+        ("max-turns-zero", train("task=guess_number", "max_turns=0"), "max_turns"),
         ("reasoning-gym-option", train("task=reasoning_gym:chain_sum",
                                        "task_options.max_digitz=2"),
          "task option 'max_digitz' does not apply to task 'reasoning_gym:chain_sum'"),
@@ -217,6 +220,8 @@ def cases(tmp: Path, earlier: Path):
         ("reward-nan", train(f"rewards=[{rewards}:nan]"), "'nan' returned nan for sample 0"),
         ("reward-text", train(f"rewards=[{rewards}:text]"), "'text' returned 'good'"),
         ("reward-none", train(f"rewards=[{rewards}:none]"), "no reward function applies"),
+        ("reward-model-missing", train(f"rewards=[reward_model:{tmp / 'no_rm'}]"),
+         f"reward 'reward_model:{tmp / 'no_rm'}': no such directory"),
         # models
         ("model-missing", ["train", *TINY, *into_earlier, "--model", str(tmp / "nope")], "nope"),
         ("model-no-config", ["train", *TINY, *into_earlier, "--model", str(no_config_model)],
@@ -246,7 +251,7 @@ def cases(tmp: Path, earlier: Path):
     ]
 
 
-CORPUS_SIZE = 97
+CORPUS_SIZE = 100
 
 
 def test_corpus_has_at_least_eighty_cases(tmp_path, earlier_run):

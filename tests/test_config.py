@@ -88,7 +88,8 @@ def test_paths_in_a_config_file_are_relative_to_its_folder(tmp_path, monkeypatch
     (folder / "c.yaml").write_text(
         "task: jsonl:../data/train.jsonl\n"
         "task_options: {test_path: data/test.jsonl}\n"
-        "rewards: [rw.py:fn, {fn: sub/rw2.py:g, weight: 2}, math_answer, pkg.mod:fn]\n"
+        "rewards: [rw.py:fn, {fn: sub/rw2.py:g, weight: 2}, math_answer, pkg.mod:fn,\n"
+        "          reward_model:rm, reward_model:/abs/rm]\n"
         "out: ../runs/x\nmodel: model\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -97,7 +98,8 @@ def test_paths_in_a_config_file_are_relative_to_its_folder(tmp_path, monkeypatch
     assert cfg.task == f"jsonl:{tmp_path / 'project' / 'data' / 'train.jsonl'}"
     assert cfg.task_options["test_path"] == str(folder / "data" / "test.jsonl")
     assert cfg.rewards == [f"{folder / 'rw.py'}:fn", {"fn": f"{folder / 'sub' / 'rw2.py'}:g",
-                                                       "weight": 2}, "math_answer", "pkg.mod:fn"]
+                                                       "weight": 2}, "math_answer", "pkg.mod:fn",
+                           f"reward_model:{folder / 'rm'}", "reward_model:/abs/rm"]
     assert cfg.out == str(tmp_path / "project" / "runs" / "x")
     assert cfg.model == str(folder / "model")
     # names that are not paths stay; overrides are relative to the current directory

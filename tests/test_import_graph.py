@@ -10,7 +10,7 @@ import postrl
 ROOT = Path(postrl.__file__).parent
 
 # Top-level packages and modules, from the top: each may import only ranks below its own.
-# cli -> experiments -> train -> {rollout, rewards, tasks, telemetry} -> models -> the base
+# cli -> experiments -> train -> {rollout, rewards, tasks, telemetry} -> {models, envs} -> the base
 # (recipes, objectives, config); the optional backend (accel) sits on models' seams and
 # nothing imports it.
 RANKS = {
@@ -24,6 +24,7 @@ RANKS = {
     "tasks": 6,
     "telemetry": 6,
     "models": 5,
+    "envs": 5,  # the environment protocol, below the tasks that define environments
     "config": 4,
     "config_checks": 3,
     "components": 3,

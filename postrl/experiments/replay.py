@@ -96,9 +96,12 @@ def replay_recipe_of(text: str, config: dict) -> tuple[str, Recipe]:
 
 
 def recipe_mask(batch: TrainBatch, recipe: Recipe) -> Tensor:
-    """All generated tokens, minus truncated responses under overlong filtering (DAPO §3.4)."""
+    """All generated tokens, minus truncated responses under overlong filtering (DAPO §3.4);
+    never an episode's environment tokens."""
     width = batch.response_ids.shape[1]
     mask = torch.arange(width) < batch.lengths.unsqueeze(1)
+    if batch.env_mask is not None:
+        mask = mask & ~batch.env_mask
     return mask & ~batch.truncated.unsqueeze(1) if recipe.overlong_filter else mask
 
 

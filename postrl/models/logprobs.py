@@ -41,13 +41,18 @@ class SequenceBatch:
     attention_mask: Tensor  # [N, P + T]
     position_ids: Tensor  # [N, P + T]
     prompt_width: int  # P: responses start at this column
+    # [N, T] the response tokens to score, when not every attended one is (a multi-turn
+    # episode's environment tokens are context only); None: all of them
+    score_mask: Tensor | None = None
     # the sampler's record of these rows' forward, read instead of multiplying while fresh
     # (opened only by the backend that wrote it)
     recorded: RecordHandle | None = None
 
     @classmethod
     def build(cls, prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor,
-              pad_id: int) -> SequenceBatch:
+              pad_id: int, score_mask: Tensor | None = None) -> SequenceBatch:
+        """``response_mask`` is what the forward attends to; ``score_mask`` (within it) what
+        is scored, when that is less."""
         rows, width = len(prompt_ids), max(len(p) for p in prompt_ids)
         prompts = torch.full((rows, width), pad_id, dtype=torch.long)
         prompt_mask = torch.zeros((rows, width), dtype=torch.long)
@@ -57,7 +62,14 @@ class SequenceBatch:
         input_ids = torch.cat([prompts, response_ids.long()], dim=1)
         attention = torch.cat([prompt_mask, response_mask.long()], dim=1)
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
-        return cls(input_ids, attention, positions, width)
+        return cls(input_ids, attention, positions, width,
+                   None if score_mask is None else score_mask.bool())
+
+    @property
+    def scored(self) -> Tensor:
+        """[N, T] bool: the response tokens whose log-probs (or values) are wanted."""
+        attended = self.attention_mask[:, self.prompt_width:].bool()
+        return attended if self.score_mask is None else attended & self.score_mask
 
     def to(self, device: torch.device | str) -> SequenceBatch:
         """These rows on ``device`` (a record of the sampler's forward stays where it is)."""
@@ -65,7 +77,9 @@ class SequenceBatch:
             return self
         return dataclasses.replace(self, input_ids=self.input_ids.to(device),
                                    attention_mask=self.attention_mask.to(device),
-                                   position_ids=self.position_ids.to(device))
+                                   position_ids=self.position_ids.to(device),
+                                   score_mask=None if self.score_mask is None
+                                   else self.score_mask.to(device))
 
 
 def response_logprobs(
@@ -85,9 +99,9 @@ def response_logprobs(
     response_width = batch.input_ids.shape[1] - batch.prompt_width
     recorded = None if batch.recorded is None else batch.recorded.open(model)
     hidden, recorded = response_hidden(model, batch, share_prompts, compile_layers, recorded)
-    # only response tokens (the attention mask's response part) go through the LM head,
+    # only the scored response tokens go through the LM head,
     # chunk_rows * T at a time
-    scored = batch.attention_mask[:, batch.prompt_width:].bool()
+    scored = batch.scored
     hidden, targets = hidden[scored], batch.input_ids[:, batch.prompt_width:][scored]
     known_logits = None if recorded is None else recorded.logits(*scored.nonzero().unbind(1))
     chunk = chunk_rows * max(response_width, 1)

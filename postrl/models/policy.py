@@ -86,7 +86,7 @@ class ValueModel(nn.Module):
         postrl's own layers for Llama-style backbones (compiled with ``compile_layers``)."""
         hidden, _ = response_hidden(_Body(self.backbone), batch, share_prompts, compile_layers)
         values = self.head(hidden).squeeze(-1).float()
-        return values.masked_fill(~batch.attention_mask[:, batch.prompt_width:].bool(), 0.0)
+        return values.masked_fill(~batch.scored, 0.0)
 
 
 class _Body:

@@ -1,4 +1,5 @@
-"""Reward functions by name: the built-ins, ``module.path:function`` or ``file.py:function``."""
+"""Reward functions by name: the built-ins, ``module.path:function``, ``file.py:function`` or
+``reward_model:PATH`` (a learned reward model, postrl.rewards.reward_model)."""
 
 from __future__ import annotations
 
@@ -13,20 +14,30 @@ from postrl.config_paths import is_file_spec
 from postrl.errors import ConfigError
 from postrl.rewards.base import RewardFunction
 from postrl.rewards.countdown import countdown_reward
+from postrl.rewards.environment import environment_reward
 from postrl.rewards.math_answer import format_reward, math_answer
 from postrl.rewards.reasoning_gym import reasoning_gym_reward
+from postrl.rewards.reward_model import PREFIX as REWARD_MODEL
+from postrl.rewards.reward_model import load_reward_model, reward_model_name
 
 BUILTIN_REWARDS: dict[str, RewardFunction] = {
     "math_answer": math_answer,
     "format": format_reward,
     "countdown": countdown_reward,
     "reasoning_gym": reasoning_gym_reward,  # the task reasoning_gym:NAME's verifier
+    "environment": environment_reward,  # a multi-turn episode's environment reward
 }
 
 
 def reward_name(spec: str) -> str:
-    """The short name a reward is logged under: the built-in name or the function's name."""
-    return spec if spec in BUILTIN_REWARDS else spec.rsplit(":", 1)[-1]
+    """The short name a reward is logged under: the built-in name, the function's name or a
+    reward model's directory name."""
+    if spec in BUILTIN_REWARDS:
+        return spec
+    kind, separator, location = spec.partition(":")
+    if separator and kind == REWARD_MODEL:
+        return reward_model_name(location)
+    return spec.rsplit(":", 1)[-1]
 
 
 def _load_file(location: str, spec: str) -> ModuleType:
@@ -61,15 +72,20 @@ def _load_module(location: str, spec: str) -> ModuleType:
 
 def load_reward(spec: str) -> RewardFunction:
     """A built-in name (``math_answer``, ``format``, ``countdown``, ``reasoning_gym``),
-    ``module.path:function`` or ``path/to/file.py:function``; ConfigError naming ``spec`` if it
-    cannot be loaded."""
+    ``module.path:function``, ``path/to/file.py:function`` or ``reward_model:PATH``;
+    ConfigError naming ``spec`` if it cannot be loaded."""
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
+    kind, separator, location = spec.partition(":")
+    if separator and kind == REWARD_MODEL:
+        if not location:
+            raise ConfigError(f"reward {spec!r}: expected {REWARD_MODEL}:PATH, a local directory")
+        return load_reward_model(spec, location)
     location, separator, attribute = spec.rpartition(":")
     if not separator or not location or not attribute:
         raise ConfigError(
             f"unknown reward {spec!r}: expected one of {sorted(BUILTIN_REWARDS)}, "
-            "'module.path:function' or 'path/to/file.py:function'"
+            "'module.path:function', 'path/to/file.py:function' or 'reward_model:PATH'"
         )
     if is_file_spec(location):
         module = _load_file(location, spec)

@@ -98,6 +98,14 @@ class Scorer:
         if duplicates:
             raise ConfigError(f"reward functions with the same name: {duplicates}; rename one")
 
+    def place(self, device: str) -> Scorer:
+        """Put the reward functions that run a model (a ``device`` attribute: learned reward
+        models) on the trainer's ``device``."""
+        for reward in self.rewards:
+            if hasattr(reward.function, "device"):
+                reward.function.device = device
+        return self
+
     @property
     def names(self) -> list[str]:
         return [reward.name for reward in self.rewards]

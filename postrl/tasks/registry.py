@@ -18,11 +18,13 @@ from postrl.tasks.arithmetic import ArithmeticTask
 from postrl.tasks.base import Task
 from postrl.tasks.countdown import CountdownTask
 from postrl.tasks.files import load_file_task, load_gsm8k, load_saved_dataset, load_table
+from postrl.tasks.guess_number import GuessNumberTask
 from postrl.tasks.reasoning_gym import ReasoningGymTask
 
 TASK_FORMS = (
     "arithmetic",
     "countdown",
+    "guess_number (a multi-turn guessing game: the environment answers higher or lower)",
     "gsm8k:PATH (GSM8K-format JSONL, or a folder with train.jsonl and test.jsonl)",
     "jsonl:PATH",
     "parquet:PATH",
@@ -32,6 +34,7 @@ TASK_FORMS = (
 BUILT_IN: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask,
     "countdown": CountdownTask,
+    "guess_number": GuessNumberTask,
 }
 FILE_KINDS: dict[str, Callable[..., Task]] = {
     "gsm8k": load_gsm8k,

@@ -42,6 +42,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("length/correct_mean", "tokens", "mean length of responses with a correct answer"),
     Metric("length/incorrect_mean", "tokens", "mean length of responses with a wrong answer"),
     Metric("length/truncated_frac", "fraction", "share of responses that hit max_new_tokens"),
+    # multi-turn episodes (environment tasks); lengths above count the model's tokens only
+    Metric("episode/turns_mean", "turns", "mean model turns per episode"),
+    Metric("episode/out_of_turns_frac", "fraction", "share of episodes cut by max_turns before the environment ended them"),
+    Metric("episode/env_tokens_mean", "tokens", "mean environment tokens per episode (context only: never trained on or counted in a normaliser)"),
+    Metric("episode/tool_calls", "calls", "tool calls this step"),
+    Metric("episode/tool_errors", "calls", "tool calls that failed this step (each became an observation)"),
+    Metric("time/env_s", "s", "seconds spent in the environments' step() this step (part of time/generate_s)"),
     # loss
     Metric("loss/total", "loss", "the optimised loss, all terms, averaged over update rounds"),
     Metric("loss/policy", "loss", "policy term under the recipe's aggregation"),

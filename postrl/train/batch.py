@@ -28,7 +28,7 @@ class TrainBatch:
     response_mask: Tensor  # bool, after overlong filtering
     rewards: Tensor  # [N] total reward after shaping
     correct: Tensor  # [N] bool
-    lengths: Tensor  # [N] generated tokens (before any filtering)
+    lengths: Tensor  # [N] each row's tokens (generated; an episode's environment tokens too)
     truncated: Tensor  # [N] bool: hit max_new_tokens
     group_size: int
     old_logp: Tensor | None = None  # only when a batch gets more than one update
@@ -45,17 +45,24 @@ class TrainBatch:
     # the sampler's forward, when it recorded one for all the rows (``postrl.accel.recorded``):
     # the update reads its linears' outputs instead of multiplying, while it is fresh
     recorded: RecordHandle | None = None
+    # multi-turn episodes: the environment's tokens, attended to but never trained on
+    env_mask: Tensor | None = None
 
     @property
     def rows(self) -> int:
         return self.response_ids.shape[0]
 
     def sequences(self, rows: Tensor, pad_id: int) -> SequenceBatch:
-        """The forward-pass input of some rows, trimmed to their longest response."""
+        """The forward-pass input of some rows, trimmed to their longest response. The
+        environment's tokens of an episode are in the context (the model's later turns saw
+        them); which tokens are trained on is the response mask's business, not this."""
         width = max(int(self.lengths[rows].max()), 1)
+        trained = self.response_mask[rows, :width]
+        context, scored = trained, None
+        if self.env_mask is not None:
+            context, scored = trained | self.env_mask[rows, :width], trained
         sequences = SequenceBatch.build([self.prompt_ids[i] for i in rows.tolist()],
-                                        self.response_ids[rows, :width],
-                                        self.response_mask[rows, :width], pad_id)
+                                        self.response_ids[rows, :width], context, pad_id, scored)
         if self.recorded is not None:
             sequences.recorded = self.recorded.take(rows)
         return sequences
@@ -68,6 +75,7 @@ def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
 
     truncated = torch.tensor([r == "length" for g in groups for r in g.rollouts.finish_reasons])
     reported = all(g.rollouts.entropies is not None for g in groups)
+    episodes = any(g.rollouts.env_mask is not None for g in groups)
     mask = cat("response_mask", False)
     if overlong_filter:
         mask = mask & ~truncated.unsqueeze(1)
@@ -83,6 +91,7 @@ def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
         sampler_entropy=cat("entropies", 0.0) if reported else None,
         sampler_logp=cat("logprobs", 0.0),
         recorded=_recorded(groups),
+        env_mask=cat("env_mask", False) if episodes else None,
     )
 
 

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from postrl.envs import is_environment_task
 from postrl.errors import ConfigError
 from postrl.rewards import Scorer
 from postrl.rollout import HFRolloutEngine, SamplingParams
+from postrl.rollout.episodes import EpisodeLimits, run_episodes
 from postrl.tasks import Example, Task, build_prompt
 
 if TYPE_CHECKING:
@@ -85,14 +87,15 @@ class EvalResult:
 
 def count_correct(
     verifier: str, examples: Sequence[Example], prompts: Sequence[str],
-    completions: Sequence[str], group_size: int,
+    completions: Sequence[str], group_size: int, extra: dict[str, list] | None = None,
 ) -> list[int]:
-    """Correct completions per example; the ``group_size`` completions of each are adjacent."""
+    """Correct completions per example; the ``group_size`` completions of each are adjacent.
+    ``extra`` columns are per completion (an episode's ``env_reward``)."""
     if len(completions) != len(examples) * group_size:
         raise ValueError(f"{len(completions)} completions for {len(examples)} x {group_size}")
     rows = [example for example in examples for _ in range(group_size)]
     names = dict.fromkeys(name for example in examples for name in example.columns)
-    columns = {name: [row.columns.get(name) for row in rows] for name in names}
+    columns = {name: [row.columns.get(name) for row in rows] for name in names} | (extra or {})
     row_prompts = [prompt for prompt in prompts for _ in range(group_size)]
     scorer = Scorer([(verifier, 1.0)])
     scored = scorer.score(row_prompts, list(completions), columns)
@@ -100,13 +103,24 @@ def count_correct(
     return [sum(flags[i * group_size : (i + 1) * group_size]) for i in range(len(examples))]
 
 
-def _generate(engine, tokenizer, prompts, group_size, params, seed,
-              ) -> tuple[list[str], list[int], list[bool]]:
-    """Texts, lengths and whether each stopped at ``max_new_tokens`` (finish reason length)."""
+def _generate(engine, tokenizer, examples, prompts, group_size, params, seed,
+              episodes: tuple[Task, EpisodeLimits] | None,
+              ) -> tuple[list[str], list[int], list[bool], dict[str, list]]:
+    """Texts, generated lengths, whether each stopped at ``max_new_tokens`` (finish reason
+    length), and the columns the rewards need besides the examples' (``env_reward``). With
+    ``episodes`` (an environment task and its limits) every sample is a multi-turn episode."""
     ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
-    rollouts = engine.generate(ids, group_size, params, seed)
+    if episodes is None:
+        rollouts = engine.generate(ids, group_size, params, seed)
+    else:
+        task, limits = episodes
+        environments = [task.environment(e) for e in examples for _ in range(group_size)]
+        rollouts = run_episodes(engine, tokenizer, ids, environments, group_size, params, seed,
+                                limits)
     truncated = [reason == "length" for reason in rollouts.finish_reasons]
-    return rollouts.texts, rollouts.lengths.tolist(), truncated
+    extra = ({} if rollouts.episodes is None
+             else {"env_reward": list(rollouts.episodes.rewards)})
+    return rollouts.texts, rollouts.generated_lengths.tolist(), truncated, extra
 
 
 @dataclass(frozen=True)
@@ -122,6 +136,7 @@ class EvalSettings:
     seed: int = 0
     system_prompt: str | None = None
     batch_prompts: int = 8
+    max_turns: int = 4  # an environment task's episodes
 
 
 def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
@@ -138,6 +153,9 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
     examples = list(task.test())[:n]
     samples = max(ks) if max(ks) > 1 else 0
     verifier, engine = task.default_rewards[0], HFRolloutEngine(model, tokenizer)
+    episodes = ((task, EpisodeLimits(settings.max_turns, max_new_tokens,
+                                     getattr(model.config, "max_position_embeddings", None)))
+                if is_environment_task(task) else None)
     greedy_params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     sample_params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     greedy, correct, lengths, sampled_lengths = [], [], [], []
@@ -145,15 +163,15 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
     for index in range(0, len(examples), batch_prompts):
         chunk = examples[index : index + batch_prompts]
         prompts = [build_prompt(tokenizer, ex.question, settings.system_prompt) for ex in chunk]
-        texts, chunk_lengths, cut = _generate(engine, tokenizer, prompts, 1, greedy_params, seed)
-        greedy += count_correct(verifier, chunk, prompts, texts, 1)
+        texts, chunk_lengths, cut, extra = _generate(engine, tokenizer, chunk, prompts, 1,
+                                                     greedy_params, seed, episodes)
+        greedy += count_correct(verifier, chunk, prompts, texts, 1, extra)
         lengths += chunk_lengths
         truncated += cut
         if samples:
-            texts, chunk_lengths, cut = _generate(
-                engine, tokenizer, prompts, samples, sample_params, seed + index
-            )
-            correct += count_correct(verifier, chunk, prompts, texts, samples)
+            texts, chunk_lengths, cut, extra = _generate(
+                engine, tokenizer, chunk, prompts, samples, sample_params, seed + index, episodes)
+            correct += count_correct(verifier, chunk, prompts, texts, samples, extra)
             sampled_lengths += chunk_lengths
             sampled_truncated += cut
     return EvalResult(
@@ -181,7 +199,7 @@ def training_eval(model: Any, tokenizer: Any, task: Task, cfg: TrainConfig) -> d
     ks = (1, cfg.eval_samples) if cfg.eval_samples > 1 else (1,)
     settings = EvalSettings(cfg.eval_n, ks=ks, temperature=cfg.temperature,
                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                            system_prompt=cfg.system_prompt)
+                            system_prompt=cfg.system_prompt, max_turns=cfg.max_turns)
     result = evaluate(model, tokenizer, task, settings)
     metrics = {"eval/accuracy": result.pass_at_1_greedy, "eval/mean_length": result.mean_length,
                "time/eval_s": time.perf_counter() - started}

@@ -35,7 +35,7 @@ def step_metrics(trainer: Trainer, collected: Collected, batch: TrainBatch | Non
     kept = collected.groups
     rewards = [r for g in kept for r in g.rewards]
     correct = [c for g in kept for c in g.correct]
-    lengths = [int(n) for g in kept for n in g.rollouts.lengths]
+    lengths = [int(n) for g in kept for n in g.rollouts.generated_lengths]
     truncated = [r == "length" for g in kept for r in g.rollouts.finish_reasons]
     metrics: dict[str, float] = {
         "step": trainer.step,
@@ -74,8 +74,25 @@ def step_metrics(trainer: Trainer, collected: Collected, batch: TrainBatch | Non
                                          if mask.any() else 0.0)
         if trainer.recipe.overlong_filter:
             metrics["batch/overlong_filtered"] = int(batch.truncated.sum())
+    metrics.update(episode_metrics(collected))
     metrics.update(update)
     return metrics
+
+
+def episode_metrics(collected: Collected) -> dict[str, float]:
+    """Turns, tools and environment cost of the step's episodes (every one generated);
+    nothing for single-turn rollouts."""
+    stats = [g.rollouts.episodes for g in collected.generated if g.rollouts.episodes]
+    if not stats:
+        return {}
+    def flat(name: str) -> list:
+        return [v for s in stats for v in getattr(s, name)]
+    return {"episode/turns_mean": _mean(flat("turns")),
+            "episode/out_of_turns_frac": _mean([float(v) for v in flat("out_of_turns")]),
+            "episode/env_tokens_mean": _mean(flat("env_tokens")),
+            "episode/tool_calls": sum(flat("tool_calls")),
+            "episode/tool_errors": sum(flat("tool_errors")),
+            "time/env_s": sum(flat("env_seconds"))}
 
 
 def sample_rows(collected: Collected, limit: int) -> list[dict]:
@@ -89,6 +106,6 @@ def sample_rows(collected: Collected, limit: int) -> list[dict]:
                          "completion": group.rollouts.texts[j], "reward": group.rewards[j],
                          "rewards": {k: v[j] for k, v in group.per_function.items()},
                          "correct": group.correct[j],
-                         "length": int(group.rollouts.lengths[j]),
+                         "length": int(group.rollouts.generated_lengths[j]),
                          "finish_reason": group.rollouts.finish_reasons[j]})
     return rows

@@ -6,6 +6,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from postrl.errors import DataError
 from postrl.rollout import Rollouts
 from postrl.tasks import Example
 
@@ -41,6 +42,26 @@ class PromptSampler:
             batch.append(self.examples[self._order[self.position]])
             self.position += 1
         return batch
+
+
+class PromptTokens:
+    """Each example's prompt tokenized once; a DataError naming the example when the prompt
+    and ``max_new_tokens`` do not fit the model's context."""
+
+    def __init__(self, tokenizer, model, max_new_tokens: int) -> None:
+        self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
+        self.context = getattr(model.config, "max_position_embeddings", None)
+        self.cache: dict[str, list[int]] = {}
+
+    def __call__(self, example_id: str, prompt: str) -> list[int]:
+        if example_id not in self.cache:
+            ids = self.tokenizer(prompt, add_special_tokens=False).input_ids
+            if self.context and len(ids) + self.max_new_tokens > self.context:
+                raise DataError(f"{example_id}: the prompt has {len(ids)} tokens; with "
+                                f"max_new_tokens={self.max_new_tokens} it exceeds the "
+                                f"model's context of {self.context} tokens")
+            self.cache[example_id] = ids
+        return self.cache[example_id]
 
 
 @dataclass

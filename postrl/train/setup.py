@@ -11,9 +11,11 @@ import numpy as np
 import torch
 
 from postrl.config import TrainConfig
+from postrl.envs import is_environment_task
 from postrl.models import backend, load_policy
 from postrl.models.policy import apply_lora, causal_lm
 from postrl.recipes import Recipe
+from postrl.rollout.episodes import EpisodeLimits
 from postrl.train.row_skipping import unscored_rows_possible
 
 
@@ -98,3 +100,12 @@ def reward_specs(rewards: list, defaults: tuple[str, ...]) -> list[tuple[str, fl
             specs.append((entry, 1.0))
     return specs
 
+
+
+def episode_limits(cfg: TrainConfig, model, task) -> EpisodeLimits | None:
+    """An environment task's episode limits (``max_turns``, ``max_new_tokens`` over the whole
+    episode, the model's context); None for a single-turn task."""
+    if not is_environment_task(task):
+        return None
+    return EpisodeLimits(cfg.max_turns, cfg.max_new_tokens,
+                         getattr(model.config, "max_position_embeddings", None))

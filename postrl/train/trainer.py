@@ -12,7 +12,7 @@ import torch
 
 from postrl.config import TrainConfig
 from postrl.devices import resolve_device
-from postrl.errors import DataError, PostRLError
+from postrl.errors import PostRLError
 from postrl.models.logprobs import response_logprobs
 from postrl.models.policy import ReferencePolicy, ValueModel, causal_lm, save_policy
 from postrl.models.precision import (
@@ -25,6 +25,7 @@ from postrl.process import configure_process
 from postrl.rewards import Scorer, load_reward, soft_overlong_penalty
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import cat_right_padded, select_rows
+from postrl.rollout.episodes import run_episodes
 from postrl.tasks import build_prompt, load_task
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
 from postrl.telemetry.run_dir import check_out_path
@@ -35,9 +36,10 @@ from postrl.train.distributed.weights import trainable_state
 from postrl.train.evaluate import training_eval
 from postrl.train.metrics import sample_rows, step_metrics
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
-from postrl.train.sampling import Group, PromptSampler, collect
+from postrl.train.sampling import Group, PromptSampler, PromptTokens, collect
 from postrl.train.scorers import TokenScorer, ValueScorer
 from postrl.train.setup import (
+    episode_limits,
     load_trained_policy,
     lr_factor,
     make_optimizers,
@@ -99,7 +101,8 @@ class Trainer:
         RunDir(cfg.run_dir()).check_can_start(cfg.overwrite, cfg.resume != "no")
         self.task = load_task(cfg.task, **cfg.task_options)
         self.scorer = Scorer(reward_specs(cfg.rewards, self.task.default_rewards),
-                             on_error=cfg.reward_errors, timeout_s=cfg.reward_timeout_s)
+                             on_error=cfg.reward_errors, timeout_s=cfg.reward_timeout_s
+                             ).place(str(self.device))
         self.verifier_name = self.task.default_rewards[0]
         self.verifier = load_reward(self.verifier_name)
         self.sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens,
@@ -112,16 +115,17 @@ class Trainer:
         self.lm = causal_lm(model)
         self.reference = ReferencePolicy(model) if self.recipe.needs_reference else None
         self.critic = ValueModel(model) if self.recipe.critic else None
+        self.episodes = episode_limits(cfg, self.lm, self.task)  # None: single-turn
         self.engine = HFRolloutEngine(self.lm, self.tokenizer, batch_size=None,
                                       precision=cfg.sampling_precision,
                                       entropies=records_entropies(cfg, self.recipe),
-                                      record_forward=records_forward(cfg))
+                                      record_forward=records_forward(cfg) and not self.episodes)
         self.optimizer, self.critic_optimizer = make_optimizers(cfg, model, self.critic)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, functools.partial(lr_factor, cfg))
         self.sampler = PromptSampler(self.task.train(), cfg.seed)
         self.update_generator = torch.Generator().manual_seed(cfg.seed)
-        self.prompt_cache: dict[str, list[int]] = {}
+        self.prompt_ids = PromptTokens(self.tokenizer, self.lm, cfg.max_new_tokens)
         self.step = 0
         self.tokens_generated = 0
         self.tokens_wasted = 0
@@ -279,40 +283,36 @@ class Trainer:
         examples = self.sampler.take(self.cfg.prompts_per_step)
         prompts = [build_prompt(self.tokenizer, e.question, self.cfg.system_prompt)
                    for e in examples]
-        ids = [self._prompt_ids(e.id, p) for e, p in zip(examples, prompts, strict=True)]
+        ids = [self.prompt_ids(e.id, p) for e, p in zip(examples, prompts, strict=True)]
         stream = self.cfg.seed if self.cfg.sampling_seed is None else self.cfg.sampling_seed
         seed = hash((stream, self.step, round_index)) % (2**31)
         t = time.perf_counter()
-        rollouts = self.engine.generate(ids, self.cfg.group_size, self.sampling, seed)
+        if self.episodes is None:
+            rollouts = self.engine.generate(ids, self.cfg.group_size, self.sampling, seed)
+        else:  # one environment per episode, the G of an example adjacent
+            envs = [self.task.environment(e) for e in examples for _ in range(self.cfg.group_size)]
+            rollouts = run_episodes(self.engine, self.tokenizer, ids, envs, self.cfg.group_size,
+                                    self.sampling, seed, self.episodes)
         timings["generate"] += time.perf_counter() - t
         t = time.perf_counter()
         groups = self._score(examples, prompts, rollouts)
         timings["score"] += time.perf_counter() - t
         return groups
 
-    def _prompt_ids(self, example_id: str, prompt: str) -> list[int]:
-        if example_id not in self.prompt_cache:
-            ids = self.tokenizer(prompt, add_special_tokens=False).input_ids
-            context = getattr(self.lm.config, "max_position_embeddings", None)
-            if context and len(ids) + self.cfg.max_new_tokens > context:
-                raise DataError(f"{example_id}: the prompt has {len(ids)} tokens; with "
-                                f"max_new_tokens={self.cfg.max_new_tokens} it exceeds the "
-                                f"model's context of {context} tokens")
-            self.prompt_cache[example_id] = ids
-        return self.prompt_cache[example_id]
-
     def _score(self, examples, prompts, rollouts) -> list[Group]:
         g = self.cfg.group_size
         row_prompts = [p for p in prompts for _ in range(g)]
         columns = {key: [e.columns.get(key) for e in examples for _ in range(g)]
                    for key in {k for e in examples for k in e.columns}}
+        if rollouts.episodes is not None:  # read by the reward "environment"
+            columns["env_reward"] = list(rollouts.episodes.rewards)
         scored = self.scorer.score(row_prompts, rollouts.texts, columns)
         self.reward_errors += scored.errors
         per_function = dict(scored.per_function)
         totals = list(scored.total)
         if self.recipe.overlong_penalty:  # DAPO eq. 13, added to the outcome reward
-            penalty = soft_overlong_penalty(rollouts.lengths.tolist(), self.cfg.max_new_tokens,
-                                            self.recipe.overlong_buffer,
+            penalty = soft_overlong_penalty(rollouts.generated_lengths.tolist(),
+                                            self.cfg.max_new_tokens, self.recipe.overlong_buffer,
                                             self.recipe.overlong_penalty_factor)
             per_function["overlong_penalty"] = penalty
             totals = [t + p for t, p in zip(totals, penalty, strict=True)]

@@ -26,7 +26,8 @@ NOT_A_FUNCTION = 3
 
 
 def test_builtins() -> None:
-    assert set(BUILTIN_REWARDS) == {"math_answer", "format", "countdown", "reasoning_gym"}
+    assert set(BUILTIN_REWARDS) == {"math_answer", "format", "countdown", "reasoning_gym",
+                                    "environment"}
     assert load_reward("math_answer") is math_answer
     assert load_reward("format") is format_reward
     assert load_reward("countdown") is countdown_reward
@@ -98,3 +99,10 @@ def test_file_that_fails_to_import(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"importing .*broken.py.* failed") as caught:
         load_reward(f"{path}:fn")
     assert isinstance(caught.value.__cause__, ModuleNotFoundError)
+
+
+def test_the_environment_reward_hands_over_the_episodes_rewards_and_needs_them() -> None:
+    reward = load_reward("environment")
+    assert reward(["p", "q"], ["a", "b"], env_reward=[1.0, 0.25], secret=[3, 4]) == [1.0, 0.25]
+    with pytest.raises(ConfigError, match="needs an environment task"):
+        reward(["p"], ["a"], answer=["3"])
