@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from postrl.envs.tools import tool_schema, tools_system_text
 
 
 def chat_messages(question: str, system_prompt: str | None = None) -> list[dict[str, str]]:
@@ -11,20 +14,36 @@ def chat_messages(question: str, system_prompt: str | None = None) -> list[dict[
     return [*messages, {"role": "user", "content": question}]
 
 
-def build_prompt(tokenizer: Any, question: str, system_prompt: str | None = None) -> str:
+def build_prompt(tokenizer: Any, question: str, system_prompt: str | None = None,
+                 tools: Sequence[Callable[..., Any]] = ()) -> str:
     """Render ``question`` with the tokenizer's chat template, ending where the assistant's
     reply begins (``add_generation_prompt=True``).
 
     Without a system prompt the template's own default applies (SmolLM2's names itself). A
     tokenizer without a chat template (a base model) gets the raw text and a newline, with the
-    system prompt, if any, as a first paragraph.
+    system prompt, if any, as a first paragraph. ``tools`` (functions, ``postrl.envs.tools``)
+    are offered by the template when it renders them, otherwise described in the system
+    message.
     """
+    schemas = [tool_schema(function) for function in tools]
+    if schemas and not _renders_tools(tokenizer, schemas):
+        system_prompt = "\n\n".join(filter(None, (system_prompt, tools_system_text(schemas))))
+        schemas = []
     if not getattr(tokenizer, "chat_template", None):
         prefix = f"{system_prompt}\n\n" if system_prompt else ""
         return f"{prefix}{question}\n"
     prompt = tokenizer.apply_chat_template(
-        chat_messages(question, system_prompt), tokenize=False, add_generation_prompt=True
-    )
+        chat_messages(question, system_prompt), tokenize=False, add_generation_prompt=True,
+        **({"tools": schemas} if schemas else {}))
     if not isinstance(prompt, str):
         raise TypeError(f"apply_chat_template returned {type(prompt).__name__}, expected str")
     return prompt
+
+
+def _renders_tools(tokenizer: Any, schemas: list[dict[str, Any]]) -> bool:
+    """Whether the chat template shows the tools (SmolLM2's ignores them)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return False
+    messages = chat_messages("?")
+    plain = tokenizer.apply_chat_template(messages, tokenize=False)
+    return tokenizer.apply_chat_template(messages, tokenize=False, tools=schemas) != plain

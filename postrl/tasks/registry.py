@@ -16,6 +16,7 @@ from typing import Any
 from postrl.errors import ConfigError
 from postrl.tasks.arithmetic import ArithmeticTask
 from postrl.tasks.base import Task
+from postrl.tasks.calculator import CalculatorTask
 from postrl.tasks.countdown import CountdownTask
 from postrl.tasks.files import load_file_task, load_gsm8k, load_saved_dataset, load_table
 from postrl.tasks.guess_number import GuessNumberTask
@@ -25,6 +26,7 @@ TASK_FORMS = (
     "arithmetic",
     "countdown",
     "guess_number (a multi-turn guessing game: the environment answers higher or lower)",
+    "calculator (multi-step arithmetic with a calculator tool)",
     "gsm8k:PATH (GSM8K-format JSONL, or a folder with train.jsonl and test.jsonl)",
     "jsonl:PATH",
     "parquet:PATH",
@@ -35,6 +37,7 @@ BUILT_IN: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask,
     "countdown": CountdownTask,
     "guess_number": GuessNumberTask,
+    "calculator": CalculatorTask,
 }
 FILE_KINDS: dict[str, Callable[..., Task]] = {
     "gsm8k": load_gsm8k,

@@ -162,7 +162,8 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
     truncated, sampled_truncated = [], []
     for index in range(0, len(examples), batch_prompts):
         chunk = examples[index : index + batch_prompts]
-        prompts = [build_prompt(tokenizer, ex.question, settings.system_prompt) for ex in chunk]
+        prompts = [build_prompt(tokenizer, ex.question, settings.system_prompt,
+                                getattr(task, "tools", ())) for ex in chunk]
         texts, chunk_lengths, cut, extra = _generate(engine, tokenizer, chunk, prompts, 1,
                                                      greedy_params, seed, episodes)
         greedy += count_correct(verifier, chunk, prompts, texts, 1, extra)

@@ -116,6 +116,7 @@ class Trainer:
         self.reference = ReferencePolicy(model) if self.recipe.needs_reference else None
         self.critic = ValueModel(model) if self.recipe.critic else None
         self.episodes = episode_limits(cfg, self.lm, self.task)  # None: single-turn
+        self.tools = getattr(self.task, "tools", ())  # offered in every prompt
         self.engine = HFRolloutEngine(self.lm, self.tokenizer, batch_size=None,
                                       precision=cfg.sampling_precision,
                                       entropies=records_entropies(cfg, self.recipe),
@@ -281,7 +282,7 @@ class Trainer:
 
     def _generate_round(self, round_index: int, timings: dict[str, float]) -> list[Group]:
         examples = self.sampler.take(self.cfg.prompts_per_step)
-        prompts = [build_prompt(self.tokenizer, e.question, self.cfg.system_prompt)
+        prompts = [build_prompt(self.tokenizer, e.question, self.cfg.system_prompt, self.tools)
                    for e in examples]
         ids = [self.prompt_ids(e.id, p) for e, p in zip(examples, prompts, strict=True)]
         stream = self.cfg.seed if self.cfg.sampling_seed is None else self.cfg.sampling_seed
