@@ -30,7 +30,7 @@ FINAL_METRICS: tuple[str, ...] = (
     "reward/mean", "accuracy/mean", "eval/accuracy", "eval/sampled_accuracy", "length/mean",
     "length/correct_mean", "length/incorrect_mean", "length/truncated_frac", "entropy/mean",
     "clip/low_frac", "clip/high_frac", "clip/token_frac", "batch/zero_variance_frac", "kl/mean",
-    "ratio/seq_std", "grad/norm",
+    "ratio/seq_std", "grad/norm", "episode/turns_mean", "episode/env_tokens_mean",
 )
 Finals = dict[str, dict[int, dict[str, float | None]]]  # arm -> seed -> metric -> final value
 

@@ -289,3 +289,22 @@ def test_resume_keeps_finished_runs_and_continues_the_others(tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"cannot resume from .*grpo/s0: the run's options "
                                           r"changed \(lr"):
         run_compare(compare_args(*argv, "--resume", "lr=0.5"))
+
+
+def test_compare_runs_two_recipes_on_a_multi_turn_environment_at_one_token_budget(
+        tmp_path, capsys):
+    """Issue 43's must-show: the budget counts the model's tokens; the environment's are
+    reported apart, per arm and paired."""
+    out = tmp_path / "env"
+    args = compare_args("grpo:kl_coef=0", "dr_grpo", "--seeds", "1", "--token-budget", "60",
+                        "--out", str(out), *TINY, "task=guess_number", "stop=[e]",
+                        "max_turns=3", "max_new_tokens=12",
+                        f"rewards=[environment, {REWARDS}:length_parity]")
+    assert run_compare(args) == 0
+    printed = capsys.readouterr().out
+    assert any(line.startswith("episode/env_tokens_mean") for line in printed.splitlines())
+    for label in ("grpo+kl_coef=0", "dr_grpo"):
+        rows = read_metrics(out / label / "s0" / "metrics.jsonl")
+        generated = [r["rollout/tokens_generated"] for r in rows]
+        assert generated[-1] >= 60 > generated[-2]  # stopped by the budget of model tokens
+        assert all(r["episode/env_tokens_mean"] > 0 for r in rows)
