@@ -201,6 +201,9 @@ def cases(tmp: Path, earlier: Path):
         ("reasoning-gym-option", train("task=reasoning_gym:chain_sum",
                                        "task_options.max_digitz=2"),
          "task option 'max_digitz' does not apply to task 'reasoning_gym:chain_sum'"),
+        # named either way: an unknown game, or the extra it needs where textarena is absent
+        ("textarena-unknown-game", train("task=textarena:NoSuchGame-v0"),
+         "textarena:NoSuchGame-v0"),
         ("prompt-too-long", train(f"task=jsonl:{jsonl('long', long_question)}",
                                   "task_options.answer_field=answer"),
          "exceeds the model's context of 1024 tokens"),
@@ -251,7 +254,7 @@ def cases(tmp: Path, earlier: Path):
     ]
 
 
-CORPUS_SIZE = 100
+CORPUS_SIZE = 101
 
 
 def test_corpus_has_at_least_eighty_cases(tmp_path, earlier_run):

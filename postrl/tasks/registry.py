@@ -1,8 +1,9 @@
 """``load_task(spec, **options)``: from a task spec such as ``"gsm8k:data/train.jsonl"`` to a Task.
 
 Every task accepts ``seed`` (the order of ``train()``) and ``test_fraction``; the others are
-listed by :func:`task_options` (for ``reasoning_gym:NAME``, by the dataset NAME's config). An
-unknown spec or option is a ConfigError naming it.
+listed by :func:`task_options` (for ``reasoning_gym:NAME``, by the dataset NAME's config; for
+``textarena:NAME``, by the game's constructor). An unknown spec or option is a ConfigError
+naming it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from postrl.tasks.countdown import CountdownTask
 from postrl.tasks.files import load_file_task, load_gsm8k, load_saved_dataset, load_table
 from postrl.tasks.guess_number import GuessNumberTask
 from postrl.tasks.reasoning_gym import ReasoningGymTask
+from postrl.tasks.textarena import TextArenaTask
 
 TASK_FORMS = (
     "arithmetic",
@@ -31,6 +33,8 @@ TASK_FORMS = (
     "jsonl:PATH",
     "parquet:PATH",
     "reasoning_gym:NAME (a reasoning-gym dataset, e.g. chain_sum; pip install 'postrl[reasoning]')",
+    "textarena:NAME (a single-player TextArena game played as episodes, e.g. GuessTheNumber-v0; "
+    "pip install 'postrl[textarena]')",
     "DIR (a dataset saved with datasets' save_to_disk)",
 )
 BUILT_IN: dict[str, Callable[..., Task]] = {
@@ -45,7 +49,8 @@ FILE_KINDS: dict[str, Callable[..., Task]] = {
     "parquet": partial(load_table, "parquet"),
 }
 # KIND:NAME specs whose options depend on NAME (the factory's ``accepted_options(NAME)``).
-NAMED_KINDS: dict[str, Callable[..., Task]] = {"reasoning_gym": ReasoningGymTask}
+NAMED_KINDS: dict[str, Callable[..., Task]] = {"reasoning_gym": ReasoningGymTask,
+                                               "textarena": TextArenaTask}
 # Parameters of the loaders that are not options a user sets.
 INTERNAL_PARAMETERS = {"self", "kind", "path", "fields", "reader"}
 
