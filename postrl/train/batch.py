@@ -59,8 +59,9 @@ class TrainBatch:
         width = max(int(self.lengths[rows].max()), 1)
         trained = self.response_mask[rows, :width]
         context, scored = trained, None
-        if self.env_mask is not None:
-            context, scored = trained | self.env_mask[rows, :width], trained
+        if self.env_mask is not None:  # the whole episode, even a row filtered out of the loss
+            context = torch.arange(width) < self.lengths[rows].unsqueeze(1)
+            scored = trained
         sequences = SequenceBatch.build([self.prompt_ids[i] for i in rows.tolist()],
                                         self.response_ids[rows, :width], context, pad_id, scored)
         if self.recorded is not None:

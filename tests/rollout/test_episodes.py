@@ -175,3 +175,18 @@ def test_a_recipe_trains_and_evaluates_on_a_multi_turn_environment_task(tmp_path
     assert len(samples) == 2 * 2 * 4 and all(s["length"] <= 24 for s in samples)
     # the budget counts what the model generated, not the environment's replies
     assert trained[-1]["rollout/tokens_generated"] == sum(s["length"] for s in samples)
+
+
+def test_an_episode_filtered_out_of_the_loss_keeps_its_whole_context(tiny):
+    """Overlong filtering masks a truncated episode's model tokens out of the loss; the
+    forward still sees the episode as it was played (a prefix of each row, so packing holds)."""
+    rollouts, _, _ = play(tiny, max_tokens=6)
+    groups = [Group(None, "", select_rows(rollouts, i, i + 3), [0.0] * 3, {}, [False] * 3)
+              for i in (0, 3)]
+    batch = assemble(groups, overlong_filter=True)
+    assert batch.truncated.any() and not batch.response_mask[batch.truncated].any()
+    sequences = batch.sequences(torch.arange(6), 0)
+    attended = sequences.attention_mask[:, sequences.prompt_width:].bool()
+    width = attended.shape[1]
+    assert torch.equal(attended, torch.arange(width) < batch.lengths.unsqueeze(1))
+    assert torch.equal(sequences.scored, batch.response_mask[:, :width])
