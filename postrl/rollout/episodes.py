@@ -38,6 +38,12 @@ class EpisodeLimits:
     max_tokens: int
     max_context: int | None = None
 
+    @classmethod
+    def for_model(cls, max_turns: int, max_tokens: int, model) -> EpisodeLimits:
+        """The limits with ``model``'s context (``max_position_embeddings``, if it says)."""
+        return cls(max_turns, max_tokens,
+                   getattr(model.config, "max_position_embeddings", None))
+
 
 @dataclass
 class _Episode:
@@ -97,6 +103,16 @@ def run_episodes(engine: RolloutEngine, tokenizer, prompt_ids: list[list[int]],
             _take_turn(episode, sampled, row, tokenizer, limits,
                        last=turn + 1 == limits.max_turns)
     return _as_rollouts(episodes, group_size, tokenizer, reported)
+
+
+def play_examples(engine: RolloutEngine, tokenizer, task, examples: Sequence,
+                  prompt_ids: list[list[int]], group_size: int, params: SamplingParams,
+                  seed: int, limits: EpisodeLimits) -> Rollouts:
+    """:func:`run_episodes` with one environment per episode from ``task.environment``, the G
+    episodes of each example adjacent."""
+    environments = [task.environment(e) for e in examples for _ in range(group_size)]
+    return run_episodes(engine, tokenizer, prompt_ids, environments, group_size, params, seed,
+                        limits)
 
 
 def _take_turn(episode: _Episode, sampled: Rollouts, row: int, tokenizer,

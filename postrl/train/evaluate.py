@@ -22,7 +22,7 @@ from postrl.envs import is_environment_task
 from postrl.errors import ConfigError
 from postrl.rewards import Scorer
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.rollout.episodes import EpisodeLimits, run_episodes
+from postrl.rollout.episodes import EpisodeLimits, play_examples
 from postrl.tasks import Example, Task, build_prompt
 
 if TYPE_CHECKING:
@@ -114,9 +114,8 @@ def _generate(engine, tokenizer, examples, prompts, group_size, params, seed,
         rollouts = engine.generate(ids, group_size, params, seed)
     else:
         task, limits = episodes
-        environments = [task.environment(e) for e in examples for _ in range(group_size)]
-        rollouts = run_episodes(engine, tokenizer, ids, environments, group_size, params, seed,
-                                limits)
+        rollouts = play_examples(engine, tokenizer, task, examples, ids, group_size, params,
+                                 seed, limits)
     truncated = [reason == "length" for reason in rollouts.finish_reasons]
     extra = ({} if rollouts.episodes is None
              else {"env_reward": list(rollouts.episodes.rewards)})
@@ -153,8 +152,7 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
     examples = list(task.test())[:n]
     samples = max(ks) if max(ks) > 1 else 0
     verifier, engine = task.default_rewards[0], HFRolloutEngine(model, tokenizer)
-    episodes = ((task, EpisodeLimits(settings.max_turns, max_new_tokens,
-                                     getattr(model.config, "max_position_embeddings", None)))
+    episodes = ((task, EpisodeLimits.for_model(settings.max_turns, max_new_tokens, model))
                 if is_environment_task(task) else None)
     greedy_params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     sample_params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)

@@ -107,5 +107,4 @@ def episode_limits(cfg: TrainConfig, model, task) -> EpisodeLimits | None:
     episode, the model's context); None for a single-turn task."""
     if not is_environment_task(task):
         return None
-    return EpisodeLimits(cfg.max_turns, cfg.max_new_tokens,
-                         getattr(model.config, "max_position_embeddings", None))
+    return EpisodeLimits.for_model(cfg.max_turns, cfg.max_new_tokens, model)

@@ -25,7 +25,7 @@ from postrl.process import configure_process
 from postrl.rewards import Scorer, load_reward, soft_overlong_penalty
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import cat_right_padded, select_rows
-from postrl.rollout.episodes import run_episodes
+from postrl.rollout.episodes import play_examples
 from postrl.tasks import build_prompt, load_task
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
 from postrl.telemetry.run_dir import check_out_path
@@ -290,10 +290,9 @@ class Trainer:
         t = time.perf_counter()
         if self.episodes is None:
             rollouts = self.engine.generate(ids, self.cfg.group_size, self.sampling, seed)
-        else:  # one environment per episode, the G of an example adjacent
-            envs = [self.task.environment(e) for e in examples for _ in range(self.cfg.group_size)]
-            rollouts = run_episodes(self.engine, self.tokenizer, ids, envs, self.cfg.group_size,
-                                    self.sampling, seed, self.episodes)
+        else:
+            rollouts = play_examples(self.engine, self.tokenizer, self.task, examples, ids,
+                                     self.cfg.group_size, self.sampling, seed, self.episodes)
         timings["generate"] += time.perf_counter() - t
         t = time.perf_counter()
         groups = self._score(examples, prompts, rollouts)
