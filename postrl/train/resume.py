@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from postrl.train.trainer import Trainer
 
 # options that may change between a run and its resumption without changing its results
-RESUMABLE_CHANGES = {"resume", "overwrite", "steps", "token_budget", "quiet", "report_to",
+# (``out``: a run directory may be moved, or named by another path, and continued)
+RESUMABLE_CHANGES = {"out", "resume", "overwrite", "steps", "token_budget", "quiet", "report_to",
                      "save_every", "keep_last", "eval_every", "eval_n", "eval_samples",
                      "log_samples", "save_rollouts_every", "threads", "reuse_freed_memory",
                      "torch_compile", "reuse_sampler_forward", "device",

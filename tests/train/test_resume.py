@@ -92,6 +92,17 @@ def test_resume_extends_a_finished_run(tmp_path):
     assert metrics_without_clock(tmp_path / "parts") == metrics_without_clock(tmp_path / "whole")
 
 
+def test_a_moved_run_directory_resumes(tmp_path, monkeypatch):
+    """The run directory is where a run lives, not what it computes: a run moved, or named
+    by a relative path after an absolute one, continues exactly."""
+    Trainer(load_config(None, options(tmp_path / "whole", "grpo"))).train()
+    Trainer(load_config(None, options(tmp_path / "first", "grpo", "steps=2"))).train()
+    (tmp_path / "first").rename(tmp_path / "moved")
+    monkeypatch.chdir(tmp_path)
+    Trainer(load_config(None, options(Path("moved"), "grpo", "resume=auto"))).train()
+    assert metrics_without_clock(tmp_path / "moved") == metrics_without_clock(tmp_path / "whole")
+
+
 def test_full_disk_while_saving_keeps_earlier_checkpoints(tmp_path, monkeypatch):
     import errno
 
