@@ -71,6 +71,10 @@ class TrainConfig:
                               "truncated")
     max_turns: int = opt(4, "an environment task's episodes: at most this many model turns "
                          "(max_new_tokens bounds the model's tokens over the whole episode)")
+    env_reward_at: str = opt("end", "where an episode's environment rewards fall: end = their "
+                             "sum at the episode's last token; turn = each step's at the last "
+                             "token of the turn it answered (token-level advantages: gae, "
+                             "reinforce_pp)")
     stop: list[str] = opt(factory=list, doc="strings that end a response; [] = only the "
                           "end-of-sequence token")
     steps: int = opt(20, "training steps, each one rollout batch and its updates; the run "
@@ -263,9 +267,29 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
             value = text  # `task=gsm8k:` is a spec with its path missing, not a mapping
         _set_dotted(data, key.strip(), value, f"override {item}")
         where[key.strip()] = where[key.split(".")[0]] = f"override {item}: "
+    resolved = data.pop("resolved_recipe", None)  # a run's config.yaml: what it resolved to
     cfg = _build(TrainConfig, data, where, prefix="")
     validate(cfg, where)
+    recipe_overridden = any(item.partition("=")[0].strip().split(".")[0]
+                            in ("recipe", "recipe_options") for item in overrides)
+    if isinstance(resolved, dict) and not recipe_overridden:
+        _check_resolved_recipe(cfg, resolved, where.get("resolved_recipe", ""))
     return cfg
+
+
+def _check_resolved_recipe(cfg: TrainConfig, resolved: dict[str, Any], where: str) -> None:
+    """A run's config.yaml reloads as the same run: its recorded components must be what
+    ``recipe`` and ``recipe_options`` give (one edited without the other is refused)."""
+    built = dataclasses.asdict(cfg.build_recipe())
+    for key, value in resolved.items():
+        if key in built and key != "name" and value != built[key] and not (
+                isinstance(value, int | float) and isinstance(built[key], int | float)
+                and float(value) == float(built[key])):
+            raise ConfigError(
+                f"{where}resolved_recipe.{key} is {value!r}, but recipe={cfg.recipe!r} with "
+                f"recipe_options={cfg.recipe_options} gives {built[key]!r}: a run's "
+                "config.yaml records the components it resolved; change recipe_options (or "
+                "delete resolved_recipe), not the record")
 
 
 def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:

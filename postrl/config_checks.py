@@ -23,6 +23,7 @@ POSITIVE = ("prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs
 NON_NEGATIVE = ("top_k", "warmup_steps", "weight_decay", "critic_warmup_steps", "log_samples",
                 "eval_every", "eval_samples", "save_rollouts_every", "save_every", "worker_gpus")
 SCHEDULES = ("constant", "linear", "cosine")
+TOKEN_LEVEL_ADVANTAGES = ("gae", "reinforce_pp")  # those env_reward_at=turn places rewards for
 CHOICES = {"launcher": ("local", "ray"), "rollout_backend": ("hf", "vllm"),
            "train_parallel": ("ddp", "fsdp2"), "weight_sync": ("auto", "object_store", "broadcast")}
 
@@ -182,6 +183,13 @@ def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
     except ConfigError as err:
         fail("recipe_options", str(err))
     recipe.check_schedule(cfg.group_size, cfg.max_new_tokens)  # its errors name the options
+    if cfg.env_reward_at not in ("end", "turn"):
+        fail("env_reward_at", f"env_reward_at={cfg.env_reward_at!r} is not one of end, turn")
+    if cfg.env_reward_at == "turn" and recipe.advantage not in TOKEN_LEVEL_ADVANTAGES:
+        fail("env_reward_at", f"env_reward_at=turn gives each turn's reward to the tokens "
+             f"before it, which token-level advantages ({', '.join(TOKEN_LEVEL_ADVANTAGES)}) "
+             f"do; recipe {cfg.recipe!r} has advantage={recipe.advantage!r}, one value per "
+             "episode: use env_reward_at=end")
     problem = device_problem(cfg.device)
     if problem:
         fail("device", problem)

@@ -33,8 +33,8 @@ TRAIN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                   "task_options", "system_prompt", "rewards")),
     ("the schedule shared by every recipe of a comparison",
      ("prompts_per_step", "group_size", "temperature", "top_p", "top_k", "max_new_tokens",
-      "max_turns", "stop", "steps", "token_budget", "lr", "lr_schedule", "warmup_steps",
-      "weight_decay", "adam_betas", "max_grad_norm")),
+      "max_turns", "env_reward_at", "stop", "steps", "token_budget", "lr", "lr_schedule",
+      "warmup_steps", "weight_decay", "adam_betas", "max_grad_norm")),
     ("precision and speed", ("precision", "sampler_precision", "torch_compile", "backend", "device",
                              "reuse_sampler_forward")),
     ("the schedule: updates on each batch", ("epochs", "minibatches", "micro_batch_size",
@@ -215,7 +215,8 @@ a recipe a field of `Recipe` (`postrl/recipes.py`); each field carries the one l
 listed here. Set them in a YAML file (`postrl train --config run.yaml`) or as `key=value` after
 `postrl train`, dotted for groups: `lora.r=16`, `recipe_options.clip_high=0.28`. Values are
 YAML: `null`, `true`, `[a, b]`. A run's `config.yaml` holds every option it ran with, the
-recipe's components resolved.
+recipe's components resolved; `postrl train --config RUN/config.yaml out=AGAIN` runs it again
+(the resolved components must match `recipe` and `recipe_options`).
 
 `postrl options` prints this list in the terminal (so does `postrl train --help`, after its
 flags); `postrl options clip` prints only the options whose name contains `clip`, and

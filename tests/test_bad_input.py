@@ -198,6 +198,15 @@ def cases(tmp: Path, earlier: Path):
         ("task-guess-range", train("task=guess_number", "task_options.min_high=9",
                                    "task_options.max_high=4"), "max_high (4) must be >= min_high"),
         ("max-turns-zero", train("task=guess_number", "max_turns=0"), "max_turns"),
+        ("env-reward-at-value", train("task=guess_number", "env_reward_at=middle"),
+         "env_reward_at='middle' is not one of end, turn"),
+        ("env-reward-at-turn-group", train("task=guess_number", "env_reward_at=turn"),
+         "recipe 'grpo' has advantage='group', one value per episode"),
+        ("env-reward-at-turn-single", train("recipe=ppo", "env_reward_at=turn"),
+         "env_reward_at=turn: task 'arithmetic' is single-turn"),
+        ("env-reward-at-turn-no-env-reward", train("recipe=ppo", "task=guess_number",
+                                                   "env_reward_at=turn", "rewards=[format]"),
+         "does not include it"),
         ("reasoning-gym-option", train("task=reasoning_gym:chain_sum",
                                        "task_options.max_digitz=2"),
          "task option 'max_digitz' does not apply to task 'reasoning_gym:chain_sum'"),
@@ -254,7 +263,7 @@ def cases(tmp: Path, earlier: Path):
     ]
 
 
-CORPUS_SIZE = 101
+CORPUS_SIZE = 105
 
 
 def test_corpus_has_at_least_eighty_cases(tmp_path, earlier_run):

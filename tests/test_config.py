@@ -122,3 +122,23 @@ def test_yes_no_on_off_are_strings_as_in_yaml_1_2(tmp_path):
     assert (cfg.resume, cfg.quiet, cfg.stop) == ("no", True, ["yes", "off"])
     with pytest.raises(ConfigError, match=r"quiet must be bool, got 'yes' \(write true or false\)"):
         load_config(None, ["quiet=yes"])
+
+
+def test_a_runs_config_yaml_reloads_as_the_same_run(tmp_path):
+    """``postrl train --config RUN/config.yaml`` reruns the run: the recorded components
+    (resolved_recipe) are checked against recipe and recipe_options, not refused as unknown."""
+    import yaml
+
+    cfg = load_config(None, ["recipe=dapo", "recipe_options.clip_high=0.3", "model=tiny"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump(cfg.resolved(), sort_keys=False))
+    assert load_config(saved).resolved() == cfg.resolved()
+    assert load_config(saved, ["recipe=grpo"]).build_recipe().name == "grpo(clip_high=0.3)"
+    text = saved.read_text()
+    at = text.rindex("clip_high: 0.3")  # the record's, below recipe_options
+    edited = text[:at] + "clip_high: 0.25" + text[at + len("clip_high: 0.3"):]
+    saved.write_text(edited)
+    line = edited.splitlines().index("resolved_recipe:") + 1
+    with pytest.raises(ConfigError, match=rf"config.yaml:{line}: resolved_recipe.clip_high is "
+                                          r"0.25, but recipe='dapo' .* gives 0.3"):
+        load_config(saved)

@@ -88,7 +88,8 @@ class Rollouts:
 class EpisodeStats:
     """Per episode (row) of a multi-turn rollout: the model's turns, the environment's summed
     reward, tool calls and failed ones, environment tokens, seconds spent in the environment,
-    and whether the episode was cut by ``max_turns``."""
+    whether the episode was cut by ``max_turns``, and each step's reward with the position of
+    the last model token of the turn it answered (``(position, reward)`` per step)."""
 
     turns: tuple[int, ...]
     rewards: tuple[float, ...]
@@ -97,6 +98,7 @@ class EpisodeStats:
     env_tokens: tuple[int, ...]
     env_seconds: tuple[float, ...]
     out_of_turns: tuple[bool, ...]
+    turn_rewards: tuple[tuple[tuple[int, float], ...], ...]
 
     def select(self, start: int, stop: int) -> EpisodeStats:
         return EpisodeStats(*(getattr(self, f.name)[start:stop] for f in fields(self)))

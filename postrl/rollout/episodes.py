@@ -57,6 +57,7 @@ class _Episode:
     entropies: list[float] = field(default_factory=list)
     turns: int = 0
     reward: float = 0.0
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)  # (last token, reward)
     tool_calls: int = 0
     tool_errors: int = 0
     env_seconds: float = 0.0
@@ -115,6 +116,16 @@ def play_examples(engine: RolloutEngine, tokenizer, task, examples: Sequence,
                         limits)
 
 
+def turn_reward_tensor(rollouts: Rollouts, weight: float) -> torch.Tensor:
+    """``[rows, T]``: each step's environment reward times ``weight`` at the last model token
+    of the turn it answered, 0 elsewhere; a row sums to its weighted episode reward."""
+    placed = torch.zeros(rollouts.response_ids.shape, dtype=torch.float32)
+    for row, turns in enumerate(rollouts.episodes.turn_rewards):
+        for position, reward in turns:
+            placed[row, position] += weight * reward
+    return placed
+
+
 def _take_turn(episode: _Episode, sampled: Rollouts, row: int, tokenizer,
                limits: EpisodeLimits, last: bool) -> None:
     """Append the model's turn ``row`` of ``sampled`` to ``episode``; unless the episode ends
@@ -138,6 +149,7 @@ def _take_turn(episode: _Episode, sampled: Rollouts, row: int, tokenizer,
         raise TypeError(f"an environment's step() returned {type(step).__name__}, expected "
                         "postrl.envs.Step")
     episode.reward += float(step.reward)
+    episode.turn_rewards.append((len(episode.ids) - 1, float(step.reward)))
     episode.tool_calls += step.tool_calls
     episode.tool_errors += step.tool_errors
     if step.done or last:
@@ -174,7 +186,8 @@ def _as_rollouts(episodes: list[_Episode], group_size: int, tokenizer,
         tool_errors=tuple(e.tool_errors for e in episodes),
         env_tokens=tuple(len(e.ids) - e.generated for e in episodes),
         env_seconds=tuple(e.env_seconds for e in episodes),
-        out_of_turns=tuple(e.out_of_turns for e in episodes))
+        out_of_turns=tuple(e.out_of_turns for e in episodes),
+        turn_rewards=tuple(tuple(e.turn_rewards) for e in episodes))
     return Rollouts(
         prompt_ids=[e.prompt for e in episodes], response_ids=response_ids,
         response_mask=model, logprobs=logprobs,

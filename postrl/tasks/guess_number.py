@@ -5,6 +5,8 @@ The model is told the range and guesses; after each wrong guess the environment 
 (``postrl.rollout.episodes``). The episode pays 1.0 when the number is guessed and 0.0 when
 the turns or tokens run out, so the reward ``environment`` is also the verifier: a correct
 episode is one that found the number. A turn without a number gets a reminder, not a crash.
+With ``turn_cost`` every turn that does not find the number pays ``-turn_cost`` (fewer
+guesses are better), a reward per turn that ``env_reward_at=turn`` can place where it fell.
 
 Each puzzle is an upper end ``high`` (from ``min_high`` to ``max_high``) and a secret in
 1..high; the puzzles are all such pairs, split by a stable hash so no pair is in both splits.
@@ -38,18 +40,20 @@ class GuessingGame:
 
     secret: int
     high: int
+    turn_cost: float = 0.0
     guesses: list[int] = field(default_factory=list)
 
     def step(self, response: str) -> Step:
         """Read the first integer of the model's turn and answer it."""
         found = _INTEGER.search(response)
         if found is None:
-            return Step(f"Please reply with one number from 1 to {self.high}.")
+            return Step(f"Please reply with one number from 1 to {self.high}.",
+                        reward=-self.turn_cost)
         guess = int(found.group())
         self.guesses.append(guess)
         if guess == self.secret:
             return Step("Correct!", reward=1.0, done=True)
-        return Step("Higher." if guess < self.secret else "Lower.")
+        return Step("Higher." if guess < self.secret else "Lower.", reward=-self.turn_cost)
 
 
 class GuessNumberTask(FixedSplits):
@@ -59,7 +63,10 @@ class GuessNumberTask(FixedSplits):
     default_rewards: tuple[str, ...] = ("environment",)
 
     def __init__(self, min_high: int = 5, max_high: int = 15, seed: int = 0,
-                 test_fraction: float = 0.2) -> None:
+                 test_fraction: float = 0.2, turn_cost: float = 0.0) -> None:
+        if not isinstance(turn_cost, int | float) or not 0 <= turn_cost < 1:
+            raise ConfigError(f"turn_cost must be a number in [0, 1), got {turn_cost!r}")
+        self.turn_cost = float(turn_cost)
         self.min_high = check_int("min_high", min_high, 2)
         self.max_high = check_int("max_high", max_high, 2)
         if self.max_high < self.min_high:
@@ -76,7 +83,7 @@ class GuessNumberTask(FixedSplits):
 
     def environment(self, example: Example) -> GuessingGame:
         return GuessingGame(secret=int(example.columns["secret"]),
-                            high=int(example.columns["high"]))
+                            high=int(example.columns["high"]), turn_cost=self.turn_cost)
 
 
 def _examples(puzzles: list[tuple[int, int]], prefix: str) -> list[Example]:

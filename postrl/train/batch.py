@@ -47,6 +47,9 @@ class TrainBatch:
     recorded: RecordHandle | None = None
     # multi-turn episodes: the environment's tokens, attended to but never trained on
     env_mask: Tensor | None = None
+    # env_reward_at=turn: [N, T] the part of ``rewards`` paid turn by turn, at each turn's
+    # last model token (token-level advantages place the rest at the end)
+    turn_rewards: Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -93,6 +96,8 @@ def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
         sampler_logp=cat("logprobs", 0.0),
         recorded=_recorded(groups),
         env_mask=cat("env_mask", False) if episodes else None,
+        turn_rewards=(cat_right_padded([g.turn_rewards for g in groups], 0.0)
+                      if groups[0].turn_rewards is not None else None),
     )
 
 
@@ -122,7 +127,11 @@ def compute_advantages(recipe: Recipe, batch: TrainBatch, kl_coef_in_reward: flo
     if recipe.advantage == "reinforce_pp_baseline":
         return adv.reinforce_pp_baseline(rewards, batch.group_size, mask.float(), penalty,
                                          recipe.gamma, recipe.whiten_advantages), None
-    token_rewards = adv.outcome_token_rewards(rewards, mask)
+    if batch.turn_rewards is None:
+        token_rewards = adv.outcome_token_rewards(rewards, mask)
+    else:  # env_reward_at=turn: each turn's pay where the turn ended, the rest at the end
+        token_rewards = (adv.outcome_token_rewards(rewards - batch.turn_rewards.sum(1), mask)
+                         + batch.turn_rewards * mask)
     if penalty is not None:
         token_rewards = token_rewards - penalty
     if recipe.advantage == "reinforce_pp":

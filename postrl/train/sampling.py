@@ -6,6 +6,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from torch import Tensor
+
 from postrl.errors import DataError
 from postrl.rollout import Rollouts
 from postrl.tasks import Example
@@ -74,6 +76,9 @@ class Group:
     rewards: list[float]
     per_function: dict[str, list[float | None]]
     correct: list[bool]
+    # env_reward_at=turn: [G, T] the weighted environment rewards at the turns' last tokens
+    # (part of ``rewards``, which the advantage of every other token sees at the end)
+    turn_rewards: Tensor | None = None
 
     @property
     def zero_variance(self) -> bool:

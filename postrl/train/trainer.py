@@ -22,9 +22,8 @@ from postrl.models.precision import (
     precision_warning,
 )
 from postrl.process import configure_process
-from postrl.rewards import Scorer, load_reward, soft_overlong_penalty
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.rollout.base import cat_right_padded, select_rows
+from postrl.rollout.base import cat_right_padded
 from postrl.rollout.episodes import play_examples
 from postrl.tasks import build_prompt, load_task
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
@@ -34,6 +33,7 @@ from postrl.telemetry.trackers import check_sinks
 from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
 from postrl.train.distributed.weights import trainable_state
 from postrl.train.evaluate import training_eval
+from postrl.train.grading import Grader
 from postrl.train.metrics import sample_rows, step_metrics
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
 from postrl.train.sampling import Group, PromptSampler, PromptTokens, collect
@@ -46,7 +46,6 @@ from postrl.train.setup import (
     on_device,
     records_entropies,
     records_forward,
-    reward_specs,
     seed_everything,
 )
 from postrl.train.update import (
@@ -100,11 +99,7 @@ class Trainer:
         check_out_path(cfg.run_dir())  # before the slow loads, as RunDir.create will again
         RunDir(cfg.run_dir()).check_can_start(cfg.overwrite, cfg.resume != "no")
         self.task = load_task(cfg.task, **cfg.task_options)
-        self.scorer = Scorer(reward_specs(cfg.rewards, self.task.default_rewards),
-                             on_error=cfg.reward_errors, timeout_s=cfg.reward_timeout_s
-                             ).place(str(self.device))
-        self.verifier_name = self.task.default_rewards[0]
-        self.verifier = load_reward(self.verifier_name)
+        self.grader = Grader.for_run(cfg, self.task, self.recipe, str(self.device))
         self.sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_new_tokens,
                                        tuple(cfg.stop))
         check_sinks(cfg.report_to)
@@ -295,41 +290,11 @@ class Trainer:
                                      self.cfg.group_size, self.sampling, seed, self.episodes)
         timings["generate"] += time.perf_counter() - t
         t = time.perf_counter()
-        groups = self._score(examples, prompts, rollouts)
+        groups, errors = self.grader.groups(examples, prompts, rollouts)
+        self.reward_errors += errors
         timings["score"] += time.perf_counter() - t
         return groups
 
-    def _score(self, examples, prompts, rollouts) -> list[Group]:
-        g = self.cfg.group_size
-        row_prompts = [p for p in prompts for _ in range(g)]
-        columns = {key: [e.columns.get(key) for e in examples for _ in range(g)]
-                   for key in {k for e in examples for k in e.columns}}
-        if rollouts.episodes is not None:  # read by the reward "environment"
-            columns["env_reward"] = list(rollouts.episodes.rewards)
-        scored = self.scorer.score(row_prompts, rollouts.texts, columns)
-        self.reward_errors += scored.errors
-        per_function = dict(scored.per_function)
-        totals = list(scored.total)
-        if self.recipe.overlong_penalty:  # DAPO eq. 13, added to the outcome reward
-            penalty = soft_overlong_penalty(rollouts.generated_lengths.tolist(),
-                                            self.cfg.max_new_tokens, self.recipe.overlong_buffer,
-                                            self.recipe.overlong_penalty_factor)
-            per_function["overlong_penalty"] = penalty
-            totals = [t + p for t, p in zip(totals, penalty, strict=True)]
-        verdict = per_function.get(self.verifier_name) or self.verifier(
-            row_prompts, rollouts.texts, **columns)
-        groups = []
-        for i, example in enumerate(examples):
-            rows = slice(i * g, (i + 1) * g)
-            groups.append(Group(
-                example=example, prompt_text=prompts[i],
-                rollouts=select_rows(rollouts, rows.start, rows.stop), rewards=totals[rows],
-                per_function={k: v[rows] for k, v in per_function.items()},
-                correct=[v == 1.0 for v in verdict[rows]]))
-        return groups
-
-    # ---- forwards that are not the update -------------------------------------------------
-    @torch.no_grad()
     def _prepare(self, batch: TrainBatch) -> None:
         """Old log-probs only when a batch gets more than one update or the KL is in the
         reward; reference log-probs only with a KL term; values only with a critic."""

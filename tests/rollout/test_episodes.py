@@ -4,6 +4,7 @@ The tiny random model never ends a turn by itself, so these episodes end turns a
 string that random text contains often ("e"); the environments answer with fixed text.
 """
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from postrl.objectives.policy_loss import PolicyLossInputs, policy_loss
 from postrl.recipes import get_recipe
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import select_rows
-from postrl.rollout.episodes import EpisodeLimits, run_episodes
+from postrl.rollout.episodes import EpisodeLimits, run_episodes, turn_reward_tensor
 from postrl.tasks import build_prompt
 from postrl.train.batch import assemble, compute_advantages
 from postrl.train.sampling import Group
@@ -190,3 +191,70 @@ def test_an_episode_filtered_out_of_the_loss_keeps_its_whole_context(tiny):
     width = attended.shape[1]
     assert torch.equal(attended, torch.arange(width) < batch.lengths.unsqueeze(1))
     assert torch.equal(sequences.scored, batch.response_mask[:, :width])
+
+
+def test_each_steps_reward_is_placed_at_the_last_token_of_the_turn_it_answered(tiny):
+    rollouts, envs, _ = play(tiny)
+    placed = turn_reward_tensor(rollouts, 2.0)
+    for row in range(rollouts.response_ids.shape[0]):
+        n = int(rollouts.lengths[row])
+        model_runs = [r for r in segments(rollouts.response_mask[row, :n].tolist()) if r[0]]
+        stepped = rollouts.episodes.turn_rewards[row]
+        assert len(stepped) == envs[row].turns  # a turn cut by the token budget pays nothing
+        assert [p for p, _ in stepped] == [stop - 1 for _, _, stop in model_runs][:len(stepped)]
+        assert all(r == 0.25 for _, r in stepped)
+        assert float(placed[row].sum()) == pytest.approx(2.0 * rollouts.episodes.rewards[row])
+        assert (placed[row][~rollouts.response_mask[row]] == 0).all()
+
+
+def test_turn_rewards_reach_the_tokens_before_them_and_the_rest_pays_at_the_end(tiny):
+    """env_reward_at=turn with REINFORCE++ (gamma 1, no whitening): a token's advantage is
+    the reward still to come, the turns after it and the outcome part at the end."""
+    rollouts, _, _ = play(tiny)
+    placed = turn_reward_tensor(rollouts, 1.0)
+    outcome = [1.0, 0.0, 0.5, 0.0, 1.0, 0.25]  # another reward function's, paid at the end
+    totals = [o + r for o, r in zip(outcome, rollouts.episodes.rewards, strict=True)]
+    groups = [Group(None, "", select_rows(rollouts, i, i + 3), totals[i:i + 3], {},
+                    [False] * 3, turn_rewards=placed[i:i + 3, :select_rows(
+                        rollouts, i, i + 3).response_ids.shape[1]]) for i in (0, 3)]
+    batch = assemble(groups, overlong_filter=False)
+    recipe = get_recipe("reinforce_pp").with_(whiten_advantages=False, kl_coef=0.0)
+    advantages, _ = compute_advantages(recipe, batch, 0.0, None)
+    mask = batch.response_mask
+    for row in range(6):
+        positions = mask[row].nonzero().flatten().tolist()
+        to_come = placed[row].flip(0).cumsum(0).flip(0)  # the turn rewards at or after t
+        for t in positions:
+            assert float(advantages[row, t]) == pytest.approx(outcome[row] + float(to_come[t]))
+        assert float(advantages[row, positions[0]]) == pytest.approx(totals[row])
+        if len(rollouts.episodes.turn_rewards[row]) > 1:  # later turns see less to come
+            assert float(advantages[row, positions[-1]]) < totals[row]
+    end, _ = compute_advantages(recipe, dataclasses.replace(batch, turn_rewards=None), 0.0, None)
+    for row in range(6):  # at the end: every token sees the whole episode's reward
+        assert torch.allclose(end[row][mask[row]], torch.tensor(totals[row]))
+
+
+def test_a_recipe_trains_with_turn_rewards_on_a_multi_turn_environment_task(tmp_path):
+    """PPO (GAE) with env_reward_at=turn on guess_number with a cost per turn: the rewards
+    placed turn by turn reach the batch, and are all of its rewards."""
+    from postrl.train.trainer import Trainer
+    from tests.train.test_trainer import tiny_config
+
+    cfg = tiny_config(tmp_path, "ppo", "task=guess_number", "stop=[e]", "max_turns=3",
+                      "max_new_tokens=24", "steps=1", "env_reward_at=turn",
+                      "task_options.turn_cost=0.1",
+                      "rewards=[{fn: environment, weight: 2.0}]")
+    trainer = Trainer(cfg)
+    seen = []
+    original = trainer._prepare
+
+    def keep(batch):
+        seen.append(batch)
+        return original(batch)
+
+    trainer._prepare = keep
+    trainer.train()
+    [batch] = seen
+    assert batch.turn_rewards is not None
+    torch.testing.assert_close(batch.turn_rewards.sum(1), batch.rewards)  # all paid by turn
+    assert (batch.turn_rewards != 0).sum() > batch.rows  # several turns paid in some rows
