@@ -75,10 +75,18 @@ def results_section(experiment: Experiment, root: Path, figures: Path) -> tuple[
     primary = [o for o in outcomes if o.hypothesis.primary]
     lines = [title, "", f"Command: `{record['command']}`; wall time "
              f"{record['wall_seconds'] / 60:.1f} min. Run directories: `{root}/<arm>/s<seed>`.",
-             "", "**Primary** (pre-registered):", ""]
-    lines += table(HEADERS, [outcome_row(o) for o in primary])
+             ""]
+    if record.get("note"):  # how the runs came about, where that is not the command alone
+        lines += [f"*Provenance.* {record['note']}", ""]
+    rows = [outcome_row(o) for o in primary]
+    lines += ["**Primary** (pre-registered):", ""] + table(HEADERS, rows)
+    secondary = [outcome_row(o) for o in outcomes if not o.hypothesis.primary]
     lines += ["", "**Secondary** (described, not tested for the claim):", ""]
-    lines += table(HEADERS, [outcome_row(o) for o in outcomes if not o.hypothesis.primary])
+    lines += table(HEADERS, secondary)
+    if any("–" in cell for row in rows + secondary for cell in row):
+        lines += ["", "–: no value, and the seed is left out of that pair (e.g. the "
+                  "gradient-norm ratio of a run whose median gradient norm is 0: most of its "
+                  "steps had no group with a spread of rewards)."]
     cost = [[label, format_interval(mean_interval(steps_taken(r) for r in seeds.values())),
              format_interval(mean_interval(
                  r[-1].get("rollout/tokens_generated") for r in seeds.values()))]

@@ -48,6 +48,18 @@ def _fsync(path: Path) -> None:
         os.close(descriptor)
 
 
+def _save_state(state: dict[str, Any], path: Path) -> None:
+    """``torch.save``, whose zip writer reports a failed write (a full disk) as a RuntimeError:
+    an OSError saying so, with the space left on the disk."""
+    try:
+        torch.save(state, path)
+    except RuntimeError as err:
+        free = shutil.disk_usage(path.parent).free
+        code = errno.ENOSPC if free < 2 * path.stat().st_size + 2**20 else errno.EIO
+        raise OSError(code, f"torch.save failed ({err}) with {free / 2**30:.2f} GiB free on "
+                            "the disk") from err
+
+
 def save_checkpoint(root: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
     """Write ``state`` as the checkpoint of ``step`` under ``root``; keep the newest
     ``keep_last`` checkpoints. On any OS error (a full disk) the partial directory is removed,
@@ -58,7 +70,7 @@ def save_checkpoint(root: Path, step: int, state: dict[str, Any], keep_last: int
     shutil.rmtree(staging, ignore_errors=True)
     try:
         staging.mkdir()
-        torch.save(state, staging / STATE)
+        _save_state(state, staging / STATE)
         manifest = {"format": FORMAT, "step": step, "files": {STATE: _sha256(staging / STATE)}}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
         for path in (staging / STATE, staging / MANIFEST, staging):
@@ -69,7 +81,10 @@ def save_checkpoint(root: Path, step: int, state: dict[str, Any], keep_last: int
         _fsync(root)
     except OSError as err:
         shutil.rmtree(staging, ignore_errors=True)
-        reason = "the disk is full" if err.errno == errno.ENOSPC else str(err)
+        reason = str(err)
+        if err.errno == errno.ENOSPC:
+            free = shutil.disk_usage(root).free / 2**30
+            reason = f"the disk is full ({free:.2f} GiB free once the partial save is removed)"
         raise CheckpointError(f"could not write the checkpoint of step {step} in {root}: "
                               f"{reason}; earlier checkpoints are intact") from err
     for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:

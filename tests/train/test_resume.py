@@ -103,21 +103,36 @@ def test_a_moved_run_directory_resumes(tmp_path, monkeypatch):
     assert metrics_without_clock(tmp_path / "moved") == metrics_without_clock(tmp_path / "whole")
 
 
-def test_full_disk_while_saving_keeps_earlier_checkpoints(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failure", ["os-error", "zip-writer-on-full-disk",
+                                     "zip-writer-with-space-left"])
+def test_a_failed_save_keeps_earlier_checkpoints_and_says_why(tmp_path, monkeypatch, failure):
+    """A full disk reaches save_checkpoint as an OSError, or, from torch's zip writer, as a
+    RuntimeError after a partial write: either way a CheckpointError says what happened."""
     import errno
+    from collections import namedtuple
 
     from postrl.train import checkpoint
 
     trainer = Trainer(load_config(None, options(tmp_path / "run", "grpo", "steps=3")))
     real_save = checkpoint.torch.save
+    free = 0 if failure == "zip-writer-on-full-disk" else 50 * 2**30
+    usage = namedtuple("usage", "total used free")
 
-    def full_disk(obj, path):
-        if "step_000002" in str(path):
+    def failing_save(obj, path):
+        if "step_000002" not in str(path):
+            return real_save(obj, path)
+        if failure == "os-error":
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_save(obj, path)
+        Path(path).write_bytes(b"partial" * 1000)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 12 vs 8")
 
-    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
-    with pytest.raises(CheckpointError, match="step 2 .* the disk is full; earlier checkpoints "
+    monkeypatch.setattr(checkpoint.torch, "save", failing_save)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage",
+                        lambda path: usage(100 * 2**30, 100 * 2**30 - free, free))
+    expected = {"os-error": "the disk is full", "zip-writer-on-full-disk": "the disk is full",
+                "zip-writer-with-space-left": r"torch.save failed \(\[enforce fail.*\) with "
+                                              r"50.00 GiB free on the disk"}[failure]
+    with pytest.raises(CheckpointError, match=f"step 2 .*{expected}.*; earlier checkpoints "
                                               "are intact"):
         trainer.train()
     root = tmp_path / "run" / "checkpoints"
