@@ -225,7 +225,8 @@ def summarize(planned: list[PlannedRun], consecutive: bool = False) -> str:
     recipes = {recipe.name: recipe for recipe in labelled_recipes(planned)}
     paired = paired_rows(finals, FINAL_METRICS, consecutive)
     for first, second in arm_pairs(list(finals), consecutive):
-        what = changes_text(recipes[first], recipes[second]) or "nothing"
+        what = (changes_text(recipes[first], recipes[second])
+                or "no component; only the sampled responses, a noise floor")
         parts += ["", f"{second} - {first}, paired by seed (differs in: {what}):",
                   format_table(PAIRED_HEADERS, [paired_cells(row) for row in paired
                                                 if (row.first, row.second) == (first, second)])]

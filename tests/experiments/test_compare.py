@@ -257,7 +257,8 @@ def test_a_repeated_recipe_samples_its_own_responses_from_the_same_prompts(tmp_p
                         str(out), *TINY)
     assert run_compare(args) == 0
     printed = capsys.readouterr().out
-    assert "grpo-2 - grpo, paired by seed (differs in: nothing)" in printed
+    assert ("grpo-2 - grpo, paired by seed (differs in: no component; only the sampled "
+            "responses, a noise floor)") in printed
     for seed in (0, 1):
         first, copy = out / "grpo" / f"s{seed}", out / "grpo-2" / f"s{seed}"
         assert f"sampling_seed: {seed + NOISE_SEED_STRIDE}" in (copy / "config.yaml").read_text()
