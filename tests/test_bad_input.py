@@ -259,11 +259,13 @@ def cases(tmp: Path, earlier: Path):
         ("eval-k", ["eval", "--model", "tiny", "--k", "0"], "--k"),
         ("eval-model", ["eval", "--model", str(tmp / "nowhere"), "--n", "1"], "nowhere"),
         ("eval-hub-id", ["eval", "--model", "Qwen/Qwen3-0.6B", "--n", "1"], "hf download"),
+        ("eval-max-turns", ["eval", "--model", "tiny", "--max-turns", "0"], "--max-turns"),
+        ("eval-stop", ["eval", "--model", "tiny", "--stop", ""], "--stop"),
         ("diagnose-missing", ["diagnose", str(tmp / "norun")], "norun"),
     ]
 
 
-CORPUS_SIZE = 105
+CORPUS_SIZE = 107
 
 
 def test_corpus_has_at_least_eighty_cases(tmp_path, earlier_run):

@@ -136,6 +136,7 @@ class EvalSettings:
     system_prompt: str | None = None
     batch_prompts: int = 8
     max_turns: int = 4  # an environment task's episodes
+    stop: tuple[str, ...] = ()  # strings that end a response (a turn), as in training
 
 
 def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
@@ -154,8 +155,10 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
     verifier, engine = task.default_rewards[0], HFRolloutEngine(model, tokenizer)
     episodes = ((task, EpisodeLimits.for_model(settings.max_turns, max_new_tokens, model))
                 if is_environment_task(task) else None)
-    greedy_params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    sample_params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+    stop = tuple(settings.stop)
+    greedy_params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)
+    sample_params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
+                                   stop=stop)
     greedy, correct, lengths, sampled_lengths = [], [], [], []
     truncated, sampled_truncated = [], []
     for index in range(0, len(examples), batch_prompts):
@@ -198,7 +201,8 @@ def training_eval(model: Any, tokenizer: Any, task: Task, cfg: TrainConfig) -> d
     ks = (1, cfg.eval_samples) if cfg.eval_samples > 1 else (1,)
     settings = EvalSettings(cfg.eval_n, ks=ks, temperature=cfg.temperature,
                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                            system_prompt=cfg.system_prompt, max_turns=cfg.max_turns)
+                            system_prompt=cfg.system_prompt, max_turns=cfg.max_turns,
+                            stop=tuple(cfg.stop))
     result = evaluate(model, tokenizer, task, settings)
     metrics = {"eval/accuracy": result.pass_at_1_greedy, "eval/mean_length": result.mean_length,
                "time/eval_s": time.perf_counter() - started}
@@ -258,6 +262,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-new-tokens", type=int, default=64, help="tokens generated per completion")
     add("--seed", type=int, default=0, help="seed of the sampling")
     add("--system-prompt", default=None, help="system prompt for the chat template")
+    add("--max-turns", type=int, default=4,
+        help="an environment task's episodes: at most this many model turns")
+    add("--stop", action="append", default=[], metavar="TEXT",
+        help="a string that ends a response, or a turn of an episode (repeatable)")
     add("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -269,11 +277,16 @@ def run_eval(args: argparse.Namespace) -> int:
     ks = parse_ks(args.k)
     if args.n < 1:
         raise ConfigError(f"--n must be >= 1, got {args.n}")
+    if args.max_turns < 1:
+        raise ConfigError(f"--max-turns must be >= 1, got {args.max_turns}")
+    if any(not text for text in args.stop):
+        raise ConfigError("--stop strings must be non-empty")
     spec = resolve_eval_model(args.model)
     task = load_task(args.task, **parse_task_options(args.task_option))
     model, tokenizer = load_policy(spec, seed=args.seed)
     settings = EvalSettings(args.n, ks, args.temperature, args.max_new_tokens, args.seed,
-                            args.system_prompt)
+                            args.system_prompt, max_turns=args.max_turns,
+                            stop=tuple(args.stop))
     result = evaluate(model, tokenizer, task, settings, model_name=spec)
     print(json.dumps(asdict(result)) if args.json else format_result(result))
     return 0

@@ -176,3 +176,14 @@ def test_run_eval_json(capsys) -> None:
     args = parser.parse_args(["--model", "tiny", "--n", "1", "--k", "1", "--max-new-tokens", "2"])
     assert run_eval(args) == 0
     assert "pass@1 (greedy)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "guess_number"])
+def test_evaluate_ends_responses_at_the_stop_strings_training_uses(tiny, task) -> None:
+    model, tokenizer = tiny
+    lengths = {}
+    for stop in ((), ("e",)):
+        settings = EvalSettings(n=4, ks=[4], max_new_tokens=16, seed=0, max_turns=2, stop=stop)
+        result = evaluate(model, tokenizer, load_task(task), settings)
+        lengths[stop] = result.mean_sampled_length
+    assert lengths[("e",)] < lengths[()]  # "e" ends most of the tiny model's responses early
