@@ -301,9 +301,10 @@ class Trainer:
         rows = torch.arange(batch.rows)
         kl_in_reward = self.recipe.needs_reference and self.recipe.kl_placement == "reward"
         parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "values": []}
-        for micro in torch.split(rows, self.cfg.micro_batch_size):
-            self._prepare_micro(batch.sequences(micro, self.engine.pad_id).to(self.device),
-                                parts, kl_in_reward)
+        with torch.no_grad():  # constants of the update: no graph kept for the whole batch
+            for micro in torch.split(rows, self.cfg.micro_batch_size):
+                self._prepare_micro(batch.sequences(micro, self.engine.pad_id).to(self.device),
+                                    parts, kl_in_reward)
         width = batch.response_ids.shape[1]  # the batch stays on the CPU
         stacked = {k: cat_right_padded([t.cpu() for t in v], width=width)
                    for k, v in parts.items() if v}
