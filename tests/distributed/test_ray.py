@@ -92,12 +92,16 @@ FSDP2 = ("train_parallel=fsdp2", "save_every=3")
 # one update per batch, groups without variance: the workers split the rows with a gradient
 # and leave the others out (their diagnostics from the sampler's entropies)
 ONE_UPDATE = ("epochs=1", "minibatches=1", f"rewards=[{REWARDS}:parity_on_odd_answers]")
+# multi-turn episodes: the driver's environments answer each turn the workers sample
+EPISODES = ("task=guess_number", "stop=[e]", "max_turns=3", "max_new_tokens=12",
+            f"rewards=[environment, {REWARDS}:length_parity]")
 
 
 @pytest.mark.parametrize("recipe, scaling", [("grpo", "ddp+broadcast"), ("ppo", "ddp"),
-                                             ("grpo", "fsdp2"), ("dr_grpo", "ddp, one update")])
+                                             ("grpo", "fsdp2"), ("dr_grpo", "ddp, one update"),
+                                             ("grpo", "ddp, episodes")])
 def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, scaling, grpo_on_ray):
-    both = ONE_UPDATE if scaling == "ddp, one update" else ()
+    both = {"ddp, one update": ONE_UPDATE, "ddp, episodes": EPISODES}.get(scaling, ())
     single = Trainer(load_config(None, options(tmp_path / "single", recipe, *both)))
     single.train()
     if scaling == "ddp+broadcast":
@@ -107,7 +111,9 @@ def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, scal
         extra = FSDP2 if scaling == "fsdp2" else ()
         distributed = Trainer(load_config(None, options(out, recipe, *RAY, *extra, *both)))
         distributed.train()
-        if both:  # the path is taken (tests/train/test_update.py shows which rows run)
+        if both == EPISODES:
+            assert any(r["episode/turns_mean"] > 1 for r in metrics(out))
+        if both == ONE_UPDATE:  # the path is taken (tests/train/test_update.py: which rows)
             assert records_entropies(distributed.cfg, distributed.recipe)
             assert any(r["batch/zero_variance_frac"] > 0 for r in metrics(out))
     assert completions(out) == completions(tmp_path / "single")

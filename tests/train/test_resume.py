@@ -59,6 +59,21 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path, recipe, w
     assert metrics_without_clock(tmp_path / "resumed") == expected
 
 
+
+@pytest.mark.parametrize("recipe, reward_at", [("grpo", "end"), ("ppo", "turn")])
+def test_a_killed_environment_run_resumes_exactly(tmp_path, recipe, reward_at):
+    """Multi-turn episodes (environment tokens in the context, rewards per turn for PPO's
+    critic) resume as single-turn runs do: the same metrics.jsonl, line for line."""
+    extra = ("task=guess_number", "stop=[e]", "max_turns=3", "max_new_tokens=12",
+             f"env_reward_at={reward_at}", f"rewards=[environment, {REWARDS}:length_parity]")
+    Trainer(load_config(None, options(tmp_path / "whole", recipe, *extra))).train()
+    resumed = kill_then_resume(tmp_path / "resumed", recipe, "after_log", 2, *extra)
+    assert resumed.resumed_from == 1
+    expected = metrics_without_clock(tmp_path / "whole")
+    assert [r["step"] for r in expected] == [1, 2, 3, 4]
+    assert any(r["episode/turns_mean"] > 1 for r in expected)  # the episodes had turns
+    assert metrics_without_clock(tmp_path / "resumed") == expected
+
 def test_bf16_master_resumes_exactly(tmp_path):
     """The working copy is rebuilt from the resumed float32 masters, so the resumed run's
     bf16 forwards are the uninterrupted run's."""
