@@ -12,7 +12,7 @@ the last step, so ``eval/*`` finals are taken at the run's budget end.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from postrl.experiments.stats import (
@@ -70,8 +70,26 @@ def paired_rows(finals: Finals, metrics: Sequence[str], consecutive: bool) -> li
             a = {seed: values.get(metric) for seed, values in finals[first].items()}
             b = {seed: values.get(metric) for seed, values in finals[second].items()}
             if finite(a.values()) and finite(b.values()):
-                rows.append(PairedRow(metric, first, second, paired_difference(a, b)))
+                difference = within(paired_difference(a, b), difference_range(metric))
+                rows.append(PairedRow(metric, first, second, difference))
     return rows
+
+
+def difference_range(metric: str) -> tuple[float, float]:
+    """The values a difference of two of ``metric``'s values can take: [-1, 1] for a
+    fraction, unbounded otherwise."""
+    low, high = value_range(metric)
+    return low - high, high - low
+
+
+def within(difference: PairedDifference | None,
+           bounds: tuple[float, float]) -> PairedDifference | None:
+    """``difference`` with its interval intersected with ``bounds``: the t-interval of a
+    difference of two fractions over few seeds can reach past ±1, which no difference can."""
+    if difference is None:
+        return None
+    return replace(difference, low=max(difference.low, bounds[0]),
+                   high=min(difference.high, bounds[1]))
 
 
 PAIRED_HEADERS = ("metric", "arms", "per-seed differences", "mean [95% CI]", "p", "MDE (80%)")
@@ -88,7 +106,8 @@ def paired_cells(row: PairedRow) -> list[str]:
         interval, mde = f"{format_number(d.mean)} (all {d.n} equal)", "– (no spread)"
     else:
         interval = f"{format_number(d.mean)} [{format_number(d.low)}, {format_number(d.high)}]"
-        mde = format_number(d.mde)
+        span = difference_range(row.metric)[1]
+        mde = format_number(d.mde) + (" (past any possible difference)" if d.mde > span else "")
     return [row.metric, arms, spread, interval, f"{d.p_value:.3g} ({d.test})", mde]
 
 

@@ -119,3 +119,23 @@ def test_verdicts():
     assert verdict(None, +1).startswith("not resolved")
     flat = paired_difference({0: 1.0, 1: 2.0, 2: 3.0}, {0: 1.0, 1: 2.0, 2: 3.0})
     assert math.isnan(flat.mde) and "no power to state" in verdict(flat, +1)
+
+
+def test_a_paired_difference_of_fractions_stays_within_plus_minus_one():
+    """The case seen on guess_number: zero-variance shares 0.75, 0.75 against 0.75, 1.0."""
+    from postrl.experiments.paired import paired_cells, paired_rows
+
+    finals = {"a": {0: {"batch/zero_variance_frac": 0.75}, 1: {"batch/zero_variance_frac": 1.0}},
+              "b": {0: {"batch/zero_variance_frac": 0.75}, 1: {"batch/zero_variance_frac": 0.75}}}
+    (row,) = paired_rows(finals, ["batch/zero_variance_frac"], consecutive=False)
+    unclipped = paired_difference({0: 0.75, 1: 1.0}, {0: 0.75, 1: 0.75})
+    assert unclipped.low < -1 and unclipped.high > 1  # what the t-interval alone says
+    assert (row.difference.low, row.difference.high) == (-1.0, 1.0)
+    assert row.difference.mean == unclipped.mean == -0.125
+    cells = paired_cells(row)
+    assert cells[3] == "-0.125 [-1, 1]"
+    assert row.difference.mde > 1 and cells[5].endswith("(past any possible difference)")
+    (length,) = paired_rows({k: {s: {"length/mean": 10 * v["batch/zero_variance_frac"]}
+                                 for s, v in seeds.items()} for k, seeds in finals.items()},
+                            ["length/mean"], consecutive=False)
+    assert length.difference.low < -10  # a length difference is not bounded
