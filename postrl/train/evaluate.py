@@ -265,7 +265,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-turns", type=int, default=4,
         help="an environment task's episodes: at most this many model turns")
     add("--stop", action="append", default=[], metavar="TEXT",
-        help="a string that ends a response, or a turn of an episode (repeatable)")
+        help="a string that ends a response, or a turn of an episode (repeatable; \\n and "
+        "\\t are read as a newline and a tab)")
     add("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -286,7 +287,8 @@ def run_eval(args: argparse.Namespace) -> int:
     model, tokenizer = load_policy(spec, seed=args.seed)
     settings = EvalSettings(args.n, ks, args.temperature, args.max_new_tokens, args.seed,
                             args.system_prompt, max_turns=args.max_turns,
-                            stop=tuple(args.stop))
+                            stop=tuple(text.replace("\\n", "\n").replace("\\t", "\t")
+                                       for text in args.stop))
     result = evaluate(model, tokenizer, task, settings, model_name=spec)
     print(json.dumps(asdict(result)) if args.json else format_result(result))
     return 0

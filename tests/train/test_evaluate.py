@@ -187,3 +187,19 @@ def test_evaluate_ends_responses_at_the_stop_strings_training_uses(tiny, task) -
         result = evaluate(model, tokenizer, load_task(task), settings)
         lengths[stop] = result.mean_sampled_length
     assert lengths[("e",)] < lengths[()]  # "e" ends most of the tiny model's responses early
+
+
+def test_run_eval_passes_turns_and_stop_strings_with_escapes_read(monkeypatch, capsys):
+    import postrl.train.evaluate as module
+
+    seen = []
+    real = module.evaluate
+    monkeypatch.setattr(module, "evaluate", lambda *a, **k: seen.append(a[3]) or real(*a, **k))
+    parser = argparse.ArgumentParser()
+    add_eval_arguments(parser)
+    args = parser.parse_args(["--model", "tiny", "--task", "guess_number", "--n", "1", "--k",
+                              "1", "--max-new-tokens", "6", "--max-turns", "2",
+                              "--stop", "\\n", "--stop", "e"])
+    assert run_eval(args) == 0
+    (settings,) = seen
+    assert settings.max_turns == 2 and settings.stop == ("\n", "e")
