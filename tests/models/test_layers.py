@@ -89,7 +89,7 @@ def counting_compiled_layer(monkeypatch) -> list[str]:
     return calls
 
 
-@pytest.mark.slow  # torch.compile's first compile: about a minute on 2 cores
+@pytest.mark.slow  # torch.compile compiles the model first: slow on a cold cache
 def test_compiled_layers_give_transformers_logprobs_and_gradients(tiny, monkeypatch):
     """``torch_compile``: the layers run compiled (one graph for every layer, dynamic lengths)
     when gradients are on, and eagerly without them."""
@@ -143,7 +143,7 @@ def test_compiled_layers_compile_once_for_every_size(tiny, monkeypatch):
     torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=0)
 
 
-@pytest.mark.slow  # torch.compile's first compile: about a minute on 2 cores
+@pytest.mark.slow  # torch.compile compiles the model first: slow on a cold cache
 def test_torch_compile_option_reaches_the_training_forward(tiny, monkeypatch, tmp_path):
     calls = counting_compiled_layer(monkeypatch)
     cfg = load_config(None, ["model=tiny", "task=arithmetic", "steps=1", "prompts_per_step=2",
