@@ -50,6 +50,17 @@ def tools_system_text(schemas: Sequence[dict[str, Any]]) -> str:
             "and wait for its result. When you know the answer, reply without a tool call.")
 
 
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call as the model is asked to write it (what :func:`parse_tool_calls` reads)."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def response_text(name: str, text: str, ok: bool = True) -> str:
+    """One call's result (or, when not ``ok``, its error) as the model reads it back."""
+    return ("<tool_response>" + json.dumps({"name": name, "result" if ok else "error": text})
+            + "</tool_response>")
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call as the model wrote it; ``error`` when it could not be read."""
@@ -121,8 +132,7 @@ class ToolEnvironment:
         if not calls:
             return Step(reward=float(self.finish(response)), done=True)
         results = [run_call(self.tools, call, self.timeout_s) for call in calls]
-        observation = "\n".join(
-            "<tool_response>" + json.dumps({"name": call.name, "result" if ok else "error": text})
-            + "</tool_response>" for call, (text, ok) in zip(calls, results, strict=True))
+        observation = "\n".join(response_text(call.name, text, ok)
+                                for call, (text, ok) in zip(calls, results, strict=True))
         return Step(observation, role="tool", tool_calls=len(calls),
                     tool_errors=sum(not ok for _, ok in results))

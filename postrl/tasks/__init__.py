@@ -2,7 +2,7 @@
 
 from postrl.tasks.arithmetic import ArithmeticTask
 from postrl.tasks.base import Example, Task
-from postrl.tasks.chat import build_prompt, chat_messages
+from postrl.tasks.chat import build_prompt, chat_messages, task_prompt
 from postrl.tasks.countdown import CountdownTask
 from postrl.tasks.files import (
     FileTask,
@@ -30,4 +30,5 @@ __all__ = [
     "load_task",
     "parse_gsm8k_answer",
     "task_options",
+    "task_prompt",
 ]

@@ -7,6 +7,12 @@ prompt offers (``postrl.envs.tools``). The model may call it any number of times
 when the last integer of that turn is the result, else 0.0. Problems are split by a stable
 hash of the expression; the problem set depends only on the options, the seed only orders
 ``train()``.
+
+``demonstrations`` worked episodes (a call, its result, the answer) precede every question as
+earlier conversation: few-shot prompting (Brown et al. 2020, arXiv 2005.14165) for a model that
+was never taught the call format. Without them SmolLM2-135M-Instruct writes no well-formed
+call at all, so every group's rewards are equal and RL has nothing to learn from; with them it
+writes calls from the first step. Demonstrated problems are never asked.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import operator
 import random
 import re
 
-from postrl.envs.tools import ToolEnvironment
+from postrl.envs.tools import ToolEnvironment, call_text, response_text
+from postrl.errors import ConfigError
 from postrl.tasks.arithmetic import (
     check_both_splits,
     check_int,
@@ -25,11 +32,13 @@ from postrl.tasks.arithmetic import (
     split_by_hash,
 )
 from postrl.tasks.base import Example, FixedSplits
+from postrl.tasks.chat import Message
 
 QUESTION = "What is {expression}? Use the calculator tool, then reply with the number only."
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
               ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos}
 _INTEGER = re.compile(r"-?\d+")
+_DEMONSTRATED = ("23 * 41 + 517", "68 * 19 - 304")  # worked in the prompt, never asked
 
 
 def calculate(expression: str) -> str:
@@ -65,16 +74,22 @@ class CalculatorTask(FixedSplits):
     tools = (calculate,)
 
     def __init__(self, num_problems: int = 2000, seed: int = 0,
-                 test_fraction: float = 0.1) -> None:
+                 test_fraction: float = 0.1, demonstrations: int = 2) -> None:
         self.num_problems = check_int("num_problems", num_problems, 2)
         self.seed = check_int("seed", seed, 0)
         self.test_fraction = check_test_fraction(test_fraction)
+        count = check_int("demonstrations", demonstrations, 0)
+        if count > len(_DEMONSTRATED):
+            raise ConfigError(f"demonstrations must be at most {len(_DEMONSTRATED)}, got {count}")
+        self.demonstrations = demonstration_messages(_DEMONSTRATED[:count])
         rng = random.Random("calculator")
         problems = {}
         while len(problems) < self.num_problems:
             a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(100, 999)
             sign = rng.choice("+-")
-            problems[f"{a} * {b} {sign} {c}"] = a * b + c if sign == "+" else a * b - c
+            expression = f"{a} * {b} {sign} {c}"
+            if expression not in _DEMONSTRATED:
+                problems[expression] = a * b + c if sign == "+" else a * b - c
         train, test = split_by_hash(((e, (e, v)) for e, v in problems.items()),
                                     self.test_fraction)
         check_both_splits(self.name, train, test)
@@ -85,6 +100,20 @@ class CalculatorTask(FixedSplits):
         answer = int(example.columns["answer"])
         return ToolEnvironment({"calculate": calculate},
                                finish=lambda text: float(final_integer(text) == answer))
+
+
+def demonstration_messages(expressions: tuple[str, ...]) -> tuple[Message, ...]:
+    """One worked episode per expression, in the formats the episode itself uses: the
+    question, the model's call, the tool's result and the answer."""
+    messages: list[Message] = []
+    for expression in expressions:
+        result = calculate(expression)
+        messages += [
+            {"role": "user", "content": QUESTION.format(expression=expression)},
+            {"role": "assistant", "content": call_text("calculate", {"expression": expression})},
+            {"role": "tool", "content": response_text("calculate", result)},
+            {"role": "assistant", "content": result}]
+    return tuple(messages)
 
 
 def _examples(problems: list[tuple[str, int]], prefix: str) -> list[Example]:

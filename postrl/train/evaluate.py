@@ -23,7 +23,7 @@ from postrl.errors import ConfigError
 from postrl.rewards import Scorer
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.episodes import EpisodeLimits, play_examples
-from postrl.tasks import Example, Task, build_prompt
+from postrl.tasks import Example, Task, task_prompt
 
 if TYPE_CHECKING:
     from postrl.config import TrainConfig
@@ -163,8 +163,8 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
     truncated, sampled_truncated = [], []
     for index in range(0, len(examples), batch_prompts):
         chunk = examples[index : index + batch_prompts]
-        prompts = [build_prompt(tokenizer, ex.question, settings.system_prompt,
-                                getattr(task, "tools", ())) for ex in chunk]
+        prompts = [task_prompt(tokenizer, task, ex.question, settings.system_prompt)
+                   for ex in chunk]
         texts, chunk_lengths, cut, extra = _generate(engine, tokenizer, chunk, prompts, 1,
                                                      greedy_params, seed, episodes)
         greedy += count_correct(verifier, chunk, prompts, texts, 1, extra)

@@ -25,7 +25,7 @@ from postrl.process import configure_process
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import cat_right_padded
 from postrl.rollout.episodes import play_examples
-from postrl.tasks import build_prompt, load_task
+from postrl.tasks import load_task, task_prompt
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
 from postrl.telemetry.run_dir import check_out_path
 from postrl.telemetry.run_lock import RunLock
@@ -111,7 +111,6 @@ class Trainer:
         self.reference = ReferencePolicy(model) if self.recipe.needs_reference else None
         self.critic = ValueModel(model) if self.recipe.critic else None
         self.episodes = episode_limits(cfg, self.lm, self.task)  # None: single-turn
-        self.tools = getattr(self.task, "tools", ())  # offered in every prompt
         self.engine = HFRolloutEngine(self.lm, self.tokenizer, batch_size=None,
                                       precision=cfg.sampling_precision,
                                       entropies=records_entropies(cfg, self.recipe),
@@ -277,7 +276,7 @@ class Trainer:
 
     def _generate_round(self, round_index: int, timings: dict[str, float]) -> list[Group]:
         examples = self.sampler.take(self.cfg.prompts_per_step)
-        prompts = [build_prompt(self.tokenizer, e.question, self.cfg.system_prompt, self.tools)
+        prompts = [task_prompt(self.tokenizer, self.task, e.question, self.cfg.system_prompt)
                    for e in examples]
         ids = [self.prompt_ids(e.id, p) for e, p in zip(examples, prompts, strict=True)]
         stream = self.cfg.seed if self.cfg.sampling_seed is None else self.cfg.sampling_seed

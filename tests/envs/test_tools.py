@@ -12,8 +12,9 @@ from postrl.envs.tools import (
     run_call,
     tool_schema,
 )
+from postrl.errors import ConfigError
 from postrl.models import load_tokenizer
-from postrl.tasks import build_prompt, load_task
+from postrl.tasks import Example, build_prompt, load_task, task_prompt
 from postrl.tasks.calculator import calculate, final_integer
 
 
@@ -113,3 +114,36 @@ def test_a_recipe_trains_on_the_calculator_task_with_the_tool_in_its_prompts(tmp
     assert row["episode/turns_mean"] >= 1 and row["episode/tool_calls"] >= 0
     prompts = [trainer.tokenizer.decode(ids) for ids in trainer.prompt_ids.cache.values()]
     assert prompts and all('"name": "calculate"' in p for p in prompts)
+    assert all(p.count("<tool_call>") == 3 and p.count("<tool_response>") == 2 for p in prompts)
+
+
+def test_calculator_demonstrations_are_worked_episodes_in_the_episode_formats():
+    task = load_task("calculator", num_problems=50)
+    messages = task.demonstrations
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"] * 2
+    for question, called, result, answer in zip(*[iter(messages)] * 4, strict=True):
+        env = task.environment(Example("demo", question["content"], {"answer": answer["content"]}))
+        [parsed] = parse_tool_calls(called["content"])  # the model's call, as the task reads it
+        assert parsed.name == "calculate" and parsed.arguments["expression"] in question["content"]
+        step = env.step(called["content"])
+        assert step.observation == result["content"]  # what the tool really answers
+        assert env.step(answer["content"]).reward == 1.0
+    asked = {e.question for e in (*task.train(), *task.test())}
+    assert not asked & {m["content"] for m in messages if m["role"] == "user"}
+    assert load_task("calculator", num_problems=50, demonstrations=0).demonstrations == ()
+    with pytest.raises(ConfigError, match="demonstrations must be at most 2, got 3"):
+        load_task("calculator", demonstrations=3)
+
+
+def test_task_prompt_shows_the_demonstrations_before_the_question():
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    task = load_task("calculator", num_problems=50)
+    question = task.test()[0].question
+    prompt = task_prompt(tokenizer, task, question, "Be brief.")
+    assert prompt == build_prompt(tokenizer, question, "Be brief.", (calculate,),
+                                  task.demonstrations)
+    worked = [m["content"] for m in task.demonstrations]
+    positions = [prompt.index(text) for text in [*worked, question]]
+    assert positions == sorted(positions) and prompt.index("Be brief.") < positions[0]
+    assert "<|im_start|>tool\n" + worked[2] in prompt
+    assert prompt.endswith(question + "<|im_end|>\n<|im_start|>assistant\n")

@@ -50,9 +50,22 @@ def test_tokenizer_without_chat_template_gets_raw_text():
     assert build_prompt(NoTemplate(), QUESTION, "Be brief.") == "Be brief.\n\n" + QUESTION + "\n"
 
 
+def test_demonstrations_are_earlier_turns_or_earlier_paragraphs(smollm2_tokenizer):
+    worked = [{"role": "user", "content": "What is 1 + 1?"},
+              {"role": "assistant", "content": "2"}]
+    assert build_prompt(smollm2_tokenizer, QUESTION, "Be brief.", demonstrations=worked) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 1 + 1?<|im_end|>\n"
+        "<|im_start|>assistant\n2<|im_end|>\n<|im_start|>user\n" + QUESTION
+        + "<|im_end|>\n<|im_start|>assistant\n")
+    assert build_prompt(NoTemplate(), QUESTION, "Be brief.", demonstrations=worked) == (
+        "Be brief.\n\nWhat is 1 + 1?\n\n2\n\n" + QUESTION + "\n")
+
+
 def test_chat_messages():
     assert chat_messages("hi") == [{"role": "user", "content": "hi"}]
     assert chat_messages("hi", "sys") == [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "hi"},
     ]
+    worked = [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]
+    assert chat_messages("hi", None, worked) == [*worked, {"role": "user", "content": "hi"}]
