@@ -44,8 +44,8 @@ def from_one_state(trainer, run: Callable[[bool | None], Any],
 def first_prompt_ids(trainer, count: int = 4) -> list[list[int]]:
     """The token ids of the next ``count`` prompts ``trainer``'s sampler hands out, as its
     own steps build them (the task's chat prompt, the run's system prompt)."""
-    from postrl.tasks import build_prompt
+    from postrl.tasks import task_prompt
 
-    return [trainer._prompt_ids(e.id, build_prompt(trainer.tokenizer, e.question,
-                                                   trainer.cfg.system_prompt))
+    return [trainer.prompt_ids(e.id, task_prompt(trainer.tokenizer, trainer.task, e.question,
+                                                 trainer.cfg.system_prompt))
             for e in trainer.sampler.take(count)]

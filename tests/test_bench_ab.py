@@ -1,0 +1,16 @@
+"""bench/ab.py: the helpers the A/B scripts share."""
+
+from postrl.tasks import task_prompt
+from tests.bench_scripts import load_bench_script
+
+
+def test_first_prompt_ids_are_the_prompts_a_training_step_builds(tmp_path):
+    from postrl.train.trainer import Trainer
+    from tests.train.test_trainer import tiny_config
+
+    trainer = Trainer(tiny_config(tmp_path / "first", "grpo", "task=calculator", "steps=1"))
+    expected = [trainer.tokenizer(task_prompt(trainer.tokenizer, trainer.task, e.question),
+                                  add_special_tokens=False).input_ids
+                for e in trainer.sampler.take(2)]
+    trainer = Trainer(tiny_config(tmp_path / "second", "grpo", "task=calculator", "steps=1"))
+    assert load_bench_script("ab").first_prompt_ids(trainer, 2) == expected
