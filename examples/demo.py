@@ -6,9 +6,11 @@ for a few minutes on this CPU, evaluate again, and print before/after accuracy.
 
 The default config is held-out arithmetic (`make demo`); `make demo-env` runs
 examples/guess_number.yaml, a multi-turn game whose accuracy is the share of episodes that
-find the number. Held-out problems are never trained on (each task's splits are disjoint by
-construction). Accuracy is measured two ways: greedy pass@1, and the unbiased pass@1 of
-``--samples`` samples at the training temperature, the distribution the policy is trained at.
+find the number, and `make demo-tools` examples/calculator.yaml, arithmetic with a calculator
+tool whose accuracy is the share of episodes that answer with the tool's result. Held-out
+problems are never trained on (each task's splits are disjoint by construction). Accuracy
+is measured two ways: greedy pass@1, and the unbiased pass@1 of ``--samples`` samples at the
+training temperature, the distribution the policy is trained at.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`make demo` and `make demo-env` (examples/demo.py) run end to end, on the tiny model."""
+"""`make demo`, `make demo-env` and `make demo-tools` (examples/demo.py) run end to end, on the
+tiny model."""
 
 import importlib.util
 import json
@@ -16,7 +17,7 @@ def load_demo():
     return module
 
 
-@pytest.mark.parametrize("config", ["demo.yaml", "guess_number.yaml"])
+@pytest.mark.parametrize("config", ["demo.yaml", "guess_number.yaml", "calculator.yaml"])
 def test_the_demo_evaluates_trains_and_evaluates_again(tmp_path, capsys, config):
     out = tmp_path / "run"
     code = load_demo().main(["--config", str(EXAMPLES / config), "--steps", "1", "--samples",
