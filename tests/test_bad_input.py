@@ -197,6 +197,8 @@ def cases(tmp: Path, earlier: Path):
         ("task-digits", train("task_options.digits=0"), "digits"),
         ("task-guess-range", train("task=guess_number", "task_options.min_high=9",
                                    "task_options.max_high=4"), "max_high (4) must be >= min_high"),
+        ("task-demonstrations", train("task=calculator", "task_options.demonstrations=3"),
+         "demonstrations must be at most 2, got 3"),
         ("max-turns-zero", train("task=guess_number", "max_turns=0"), "max_turns"),
         ("env-reward-at-value", train("task=guess_number", "env_reward_at=middle"),
          "env_reward_at='middle' is not one of end, turn"),
@@ -265,7 +267,7 @@ def cases(tmp: Path, earlier: Path):
     ]
 
 
-CORPUS_SIZE = 107
+CORPUS_SIZE = 108
 
 
 def test_corpus_has_at_least_eighty_cases(tmp_path, earlier_run):
