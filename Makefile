@@ -28,19 +28,20 @@ test-slow: $(STAMP)
 test-without-accel: $(STAMP)
 	.ci/without_accel.sh $(BIN)/python
 
-# RECIPE=dapo STEPS=30 make demo to try another recipe or length
+# RECIPE=dapo STEPS=30 make demo (or demo-env, demo-tools) to try another recipe or length
+DEMO_FLAGS = $(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))
+
 demo: $(STAMP)
 	$(BIN)/postrl explain grpo
-	$(BIN)/python examples/demo.py $(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))
+	$(BIN)/python examples/demo.py $(DEMO_FLAGS)
 
 # the multi-turn example: SmolLM2 learns the guessing game of examples/guess_number.yaml
 demo-env: $(STAMP)
-	$(BIN)/python examples/demo.py --config examples/guess_number.yaml --samples 4 \
-		$(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))
+	$(BIN)/python examples/demo.py --config examples/guess_number.yaml --samples 4 $(DEMO_FLAGS)
 
+# the tool-use example: SmolLM2 learns to use the calculator of examples/calculator.yaml
 demo-tools: $(STAMP)
-	$(BIN)/python examples/demo.py --config examples/calculator.yaml --samples 4 \
-		$(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))
+	$(BIN)/python examples/demo.py --config examples/calculator.yaml --samples 4 $(DEMO_FLAGS)
 
 # The benchmark against TRL runs in its own environment: TRL is no dependency of postrl.
 BENCH_VENV := bench/.venv
