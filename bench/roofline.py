@@ -27,43 +27,15 @@ import argparse
 import dataclasses
 import inspect
 import os
-import time
 from functools import partial
 
 import torch
-from vs_trl import MICRO_BATCH  # bench/, this script's directory
+from peaks import fastest, matmul_peak, read_bandwidth  # bench/, this script's directory
+from regimes import trained_tokens
+from vs_trl import MICRO_BATCH
 
 from postrl.models.precision import cpu_bf16_reason
 from postrl.train.setup import records_forward
-
-
-def fastest(call, repeats: int) -> float:
-    """Seconds of the fastest of ``repeats`` calls, after one warm-up call."""
-    call()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048, 3072),
-                repeats: int = 10) -> float:
-    """GFLOP/s of the fastest square matmul, over ``sizes`` and ``repeats`` calls of each (a
-    peak: the best seen; one size at 5 calls read 20% low on a noisy run)."""
-    best = 0.0
-    for size in sizes:
-        a = torch.randn(size, size, dtype=dtype)
-        b = torch.randn(size, size, dtype=dtype)
-        best = max(best, 2 * size**3 / fastest(partial(torch.matmul, a, b), repeats) / 1e9)
-    return best
-
-
-def read_bandwidth(megabytes: int = 1024, repeats: int = 5) -> float:
-    """GB/s of the fastest sum over a ``megabytes`` buffer (far larger than the caches)."""
-    source = torch.ones(megabytes * 2**20 // 4)
-    return source.numel() * 4 / fastest(source.sum, repeats) / 1e9
 
 
 def shapes_rate(model, dtype: torch.dtype, tokens: int, head_tokens: int,
@@ -95,27 +67,6 @@ def training_flops(model, tokens: int, per_weight: float = 6.0) -> float:
     ``per_weight=4`` for a backward alone."""
     params = sum(p.numel() for p in model.parameters())
     return per_weight * params * tokens
-
-
-def trained_tokens(trainer, batch) -> tuple[int, int]:
-    """``(rows, tokens)`` the update of ``batch`` runs forward and backward. Rows without a
-    gradient (groups whose rewards are all equal) run no forward with one update per batch
-    (``postrl/train/update.py``), so their tokens are not counted. Rows of a prompt share its
-    forward (``postrl/models/logprobs.py``): each prompt counts once per group, the least
-    work that can give the gradient (a prompt whose rows fall into several micro-batches
-    runs once in each, so the achieved FLOP/s is a lower bound)."""
-    from postrl.train.row_skipping import unscored_rows_possible, zero_gradient_rows
-
-    cfg = trainer.cfg
-    loss_cfg = trainer.recipe.policy_loss_config(cfg.max_new_tokens)
-    every = torch.arange(batch.rows)
-    rows = every
-    if unscored_rows_possible(trainer.recipe, loss_cfg, cfg.updates_per_batch):
-        rows = every[~zero_gradient_rows(every, batch, loss_cfg, trainer.critic is not None)]
-    responses = int(batch.response_mask[rows].sum())
-    groups = sorted(set((rows // batch.group_size).tolist()))
-    prompts = sum(len(batch.prompt_ids[g * batch.group_size]) for g in groups)
-    return len(rows), responses + prompts
 
 
 def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False) -> dict:

@@ -1,23 +1,28 @@
 """postrl against TRL's GRPOTrainer on the same CPU, side by side (`make bench`).
 
-Same model (SmolLM2-135M-Instruct), prompts (single-digit additions), G = 8 completions of
-4 prompts per step, at most 64 new tokens, temperature 1, learning rate 1e-6, no KL, and the
-same loss: Dr. GRPO (advantage R - mean_g R, loss sum / (N * max_new_tokens)) — postrl's
-`dr_grpo` recipe and TRL's `loss_type="dr_grpo"`, `scale_rewards="none"`. One optimizer step
-per generation round on both sides.
+Same model (SmolLM2-135M-Instruct), prompts, reward, G = 8 completions of 4 prompts per step,
+temperature 1, learning rate 1e-6, no KL, and the same loss: Dr. GRPO (advantage
+R - mean_g R, loss sum / (N * max_new_tokens)) — postrl's `dr_grpo` recipe and TRL's
+`loss_type="dr_grpo"`, `scale_rewards="none"`. One optimizer step per generation round on
+both sides. The regimes (``bench/regimes.py``): ``short`` (single-digit additions, at most 64
+new tokens), ``gsm8k-256`` and ``gsm8k-1024`` (GSM8K questions, at most 256 or 1,024).
 
 Each framework runs in its own child process (so peak RSS is its own), alternating A/B per
-round, for each precision; the first step of a child is a warm-up and is not counted.
+round, for each regime and precision; the first step of a child is a warm-up and is not
+counted. A child may use at most ``--memory-limit-gb`` (default 90% of this machine's memory):
+a framework that needs more is reported as not fitting, and postrl's row stands alone.
 
-    python bench/vs_trl.py [--steps 3] [--rounds 2] [--precisions bf16,fp32]
+    python bench/vs_trl.py [--regimes short,gsm8k-256,gsm8k-1024] [--steps N] [--rounds 2]
+                           [--precisions bf16,fp32] [--gsm8k PATH]
 
 In the bf16 setting TRL autocasts (its fastest working setting on a CPU with AMX) and postrl runs
 ``--postrl-bf16`` (default ``bf16-master``: a bf16 working copy over float32 master weights;
-``bf16`` autocasts like TRL). The last line is `speedup=X.XX rss_ratio=Y.YY` for postrl's
-fastest setting against TRL's (each the fastest it measured): steps/s of postrl over TRL, and
-postrl's peak RSS over TRL's. On a CPU without fast bf16 matmuls (AVX2: no AVX-512 or AMX) the
-bf16 setting is skipped unless ``--precisions`` asks for it: bf16 matmuls run there in generic
-fallback kernels, several times slower than fp32, for both frameworks.
+``bf16`` autocasts like TRL). Each regime ends with a line `REGIME: speedup=X.XX
+rss_ratio=Y.YY` for postrl's fastest setting against TRL's (each the fastest it measured):
+steps/s of postrl over TRL, and postrl's peak RSS over TRL's. On a CPU without fast bf16
+matmuls (AVX2: no AVX-512 or AMX) the bf16 setting is skipped unless ``--precisions`` asks for
+it: bf16 matmuls run there in generic fallback kernels, several times slower than fp32, for
+both frameworks.
 ``--postrl-compile`` runs postrl with ``torch_compile=true``: its layers compile during the
 untimed first step, whose time is printed too. postrl's rows per forward/backward
 (``--micro-batch-size``; TRL scores all 32 at once) default to :data:`MICRO_BATCH`.
@@ -27,7 +32,11 @@ and each round's prompts are checked to be the same on both sides. Round ``r`` r
 seed ``r`` (prompt order and sampling), so that the rounds average over the data as well as
 over the machine's drift: with one seed, every round would sample the same completions.
 
-The table's last three columns are means over each framework's timed steps of what it sampled:
+Beside each postrl row: ``roofline s``, the least time its step could take on this machine
+(``regimes.roofline_s``: its FLOPs at the measured matmul peak and its decoding's reads at the
+measured memory rate, ``bench/peaks.py``), and postrl's share of it (roofline / step time).
+
+The table's last columns are means over each framework's timed steps of what it sampled:
 the share of groups whose rewards were all equal (TRL's ``frac_reward_zero_std``), the tokens
 generated per step and the mean reward (TRL's own ``completions/mean_length`` × 32 and
 ``reward``). postrl skips the forward and backward of groups without variance (their gradient
@@ -40,36 +49,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from regimes import (  # bench/
+    GSM8K,
+    REGIMES,
+    SHORT,
+    Regime,
+    answer_closeness,
+    as_dict,
+    parse_regimes,
+    reward_spec,
+    step_work,
+    task_spec,
+)
+from vs_trl_report import machine_limits, report, summary
 
 from postrl.models.precision import cpu_bf16_reason
 
 PROMPTS = 4
 GROUP = 8
-MAX_NEW = 64
 LR = 1e-6
-
-
-def prompt_order(steps: int, seed: int) -> list[dict]:
-    """The examples postrl's trainer takes in its first ``steps`` steps with ``seed``, in order:
-    its own seeded sampler over the arithmetic task (single-digit additions). TRL is given them
-    in this order, unshuffled, so that both train on the same prompts at every step."""
-    from postrl.tasks import load_task
-    from postrl.train.sampling import PromptSampler
-
-    sampler = PromptSampler(load_task("arithmetic").train(), seed)  # as the trainer seeds it
-    return [{"question": e.question, "answer": e.columns["answer"]}
-            for e in sampler.take(PROMPTS * steps)]
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
+MAX_NEW = SHORT.max_new_tokens  # the A/B scripts' regime
 
 # postrl's rows per micro-batch, by precision. In bf16 the 32 rows in one micro-batch (as TRL
 # runs them) took the update 0.79-0.85 of the time of two 16-row ones (alternated A/B, 2026-12-03),
@@ -78,17 +86,45 @@ def peak_rss_mb() -> float:
 MICRO_BATCH = {"fp32": 16, "bf16": 32, "bf16-master": 32}
 
 
+@dataclass(frozen=True)
+class Run:
+    """One child's setting: the regime, the framework's own precision (postrl: fp32, bf16,
+    bf16-master) and postrl's own options."""
+    regime: Regime = SHORT
+    precision: str = "fp32"
+    micro_batch_size: int | None = None  # None: MICRO_BATCH's for the precision
+    compile_layers: bool = False
+
+
+def prompt_order(steps: int, seed: int, regime: Regime = SHORT) -> list[dict]:
+    """The examples postrl's trainer takes in its first ``steps`` steps with ``seed``, in order:
+    its own seeded sampler over the regime's task. TRL is given them in this order,
+    unshuffled, so that both train on the same prompts at every step."""
+    from postrl.tasks import load_task
+    from postrl.train.sampling import PromptSampler
+
+    task = load_task(task_spec(regime))
+    sampler = PromptSampler(task.train(), seed)  # as the trainer seeds it
+    return [{"question": e.question, "answer": e.columns["answer"]}
+            for e in sampler.take(PROMPTS * steps)]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def postrl_config(steps: int, seed: int, precision: str = "fp32",
-                  micro_batch_size: int | None = None, compile_layers: bool = False):
+                  micro_batch_size: int | None = None, compile_layers: bool = False,
+                  regime: Regime = SHORT):
     """postrl's run: ``steps`` steps in all, the warm-up included; ``micro_batch_size`` None:
     :data:`MICRO_BATCH`'s for ``precision``."""
     from postrl.config import load_config
 
     micro_batch_size = micro_batch_size or MICRO_BATCH[precision]
-
     return load_config(None, [
-        "model=smollm2-135m-instruct", "recipe=dr_grpo", "task=arithmetic", f"lr={LR}",
-        f"prompts_per_step={PROMPTS}", f"group_size={GROUP}", f"max_new_tokens={MAX_NEW}",
+        "model=smollm2-135m-instruct", "recipe=dr_grpo", f"task={task_spec(regime)}",
+        f"rewards=[{reward_spec(regime)}]", f"lr={LR}", f"prompts_per_step={PROMPTS}",
+        f"group_size={GROUP}", f"max_new_tokens={regime.max_new_tokens}",
         f"precision={precision}", f"out={tempfile.mkdtemp()}/run", "quiet=true",
         f"steps={steps}", f"seed={seed}", f"micro_batch_size={micro_batch_size}",
         f"torch_compile={str(compile_layers).lower()}"])
@@ -108,23 +144,37 @@ def record_prompts(trainer) -> list[list[str]]:
     return prompts
 
 
-def run_postrl(steps: int, seed: int, precision: str, micro_batch_size: int | None,
-               compile_layers: bool) -> dict:
+def record_work(trainer) -> list[dict]:
+    """What each of ``trainer``'s steps from now on had to compute (``regimes.StepWork``)."""
+    works = []
+    update = trainer._update
+
+    def recorded(batch):
+        metrics = update(batch)
+        works.append(as_dict(step_work(trainer, batch)))
+        return metrics
+
+    trainer._update = recorded
+    return works
+
+
+def run_postrl(steps: int, seed: int, run: Run) -> dict:
     from postrl.train.trainer import Trainer
 
-    trainer = Trainer(postrl_config(steps + 1, seed, precision, micro_batch_size,
-                                    compile_layers))
-    prompts = record_prompts(trainer)
+    trainer = Trainer(postrl_config(steps + 1, seed, run.precision, run.micro_batch_size,
+                                    run.compile_layers, run.regime))
+    prompts, works = record_prompts(trainer), record_work(trainer)
     warmup, *rows = [trainer.train_step() for _ in range(steps + 1)]
     return {"warmup_s": [warmup["time/step_s"]], "step_s": [r["time/step_s"] for r in rows],
             "generate_s": [r["time/generate_s"] + r["time/score_s"] for r in rows],
             "train_s": [r["time/train_s"] + r["time/reference_s"] for r in rows],
             "tokens": [r["length/mean"] * PROMPTS * GROUP for r in rows],
             "zero_variance": [r["batch/zero_variance_frac"] for r in rows],
-            "reward": [r["reward/mean"] for r in rows], "prompts": prompts}
+            "reward": [r["reward/mean"] for r in rows], "prompts": prompts,
+            "work": works[1:]}
 
 
-def run_trl(steps: int, seed: int, precision: str) -> dict:
+def run_trl(steps: int, seed: int, run: Run) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -132,7 +182,7 @@ def run_trl(steps: int, seed: int, precision: str) -> dict:
     from postrl.models.loading import smollm2_dir
     from postrl.rewards import math_answer
 
-    rows = prompt_order(steps + 1, seed)
+    rows = prompt_order(steps + 1, seed, run.regime)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}],
                                   "answer": r["answer"]} for r in rows])
     path = str(smollm2_dir())
@@ -140,12 +190,14 @@ def run_trl(steps: int, seed: int, precision: str) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(path)
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(), per_device_train_batch_size=PROMPTS * GROUP,
-        num_generations=GROUP, gradient_accumulation_steps=1, max_completion_length=MAX_NEW,
+        num_generations=GROUP, gradient_accumulation_steps=1,
+        max_completion_length=run.regime.max_new_tokens,
         learning_rate=LR, beta=0.0, loss_type="dr_grpo", scale_rewards="none", temperature=1.0,
-        use_cpu=True, bf16=precision == "bf16", gradient_checkpointing=False,
+        use_cpu=True, bf16=run.precision == "bf16", gradient_checkpointing=False,
         max_steps=steps + 1, logging_steps=1, report_to=[], save_strategy="no", seed=seed,
         dataloader_num_workers=0, disable_tqdm=True, shuffle_dataset=False)
-    trainer = GRPOTrainer(model=model, reward_funcs=[math_answer], args=args,
+    reward = math_answer if run.regime.reward == "math_answer" else answer_closeness
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args,
                           train_dataset=dataset, processing_class=tokenizer)
     phases = {"generate": [], "loss_forward": [], "step": []}
     # TRL's own per-step logs: frac_reward_zero_std, mean reward, mean completion length
@@ -194,43 +246,45 @@ def run_trl(steps: int, seed: int, precision: str) -> dict:
             "prompts": prompts}
 
 
-def child(framework: str, steps: int, seed: int, precision: str, micro_batch_size: int | None,
-          compile_layers: bool) -> None:
+def child(framework: str, steps: int, seed: int, run: Run) -> None:
     import torch
 
     torch.manual_seed(seed)
-    result = (run_postrl(steps, seed, precision, micro_batch_size, compile_layers)
-              if framework == "postrl"
-              else run_trl(steps, seed, precision))
+    result = run_postrl(steps, seed, run) if framework == "postrl" else run_trl(steps, seed, run)
     result["peak_rss_mb"] = peak_rss_mb()
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def spawn(framework: str, steps: int, seed: int, precision: str, micro_batch_size: int | None,
-          compile_layers: bool) -> dict:
-    """One child run; ``precision`` is the framework's own (postrl: fp32, bf16, bf16-master)."""
+# how an allocation past the child's memory limit ends (PyTorch's allocator, Python, the kernel)
+OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "Cannot allocate memory",
+                 "std::bad_alloc")
+
+
+def memory_limit(gigabytes: float):
+    """A child's ``preexec_fn``: at most ``gigabytes`` of data (heap and anonymous mappings,
+    RLIMIT_DATA), so a framework that needs more fails with an allocation error instead of
+    the kernel killing whichever process it picks."""
+    limit = int(gigabytes * 2**30)
+    return lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def spawn(framework: str, steps: int, seed: int, run: Run, limit_gb: float) -> dict:
+    """One child run; ``{"failed": why}`` when it ran out of memory."""
     out = subprocess.run([sys.executable, __file__, "--child", framework, "--steps", str(steps),
-                          "--seed", str(seed),
-                          *(["--micro-batch-size", str(micro_batch_size)]
-                            if micro_batch_size else []),
-                          "--precisions", precision,
-                          *(["--postrl-compile"] if compile_layers else [])],
-                         capture_output=True, text=True)
+                          "--seed", str(seed), "--regimes", run.regime.name,
+                          *(["--gsm8k", str(run.regime.data)] if run.regime.data else []),
+                          *(["--micro-batch-size", str(run.micro_batch_size)]
+                            if run.micro_batch_size else []),
+                          "--precisions", run.precision,
+                          *(["--postrl-compile"] if run.compile_layers else [])],
+                         capture_output=True, text=True, preexec_fn=memory_limit(limit_gb))
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode and any(sign in out.stderr for sign in OUT_OF_MEMORY):
+        return {"failed": f"out of memory: needs more than {limit_gb:.1f} GB"}
     if out.returncode or not lines:
-        raise SystemExit(f"{framework} ({precision}) failed:\n{out.stderr[-3000:]}")
+        raise SystemExit(f"{framework} ({run.regime.name}, {run.precision}) failed:\n"
+                         f"{out.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):])
-
-
-def summary(results: list[dict]) -> dict:
-    merged = {k: [v for r in results for v in r.get(k, [])]
-              for k in ("step_s", "generate_s", "train_s", "loss_forward_s", "warmup_s")}
-    out = {k: statistics.median(v) for k, v in merged.items() if v}
-    for key in ("zero_variance", "reward", "tokens"):  # what each side sampled: means
-        values = [v for r in results for v in r.get(key, [])]
-        out[key] = statistics.mean(values) if values else float("nan")
-    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
-    return out
 
 
 def check_same_prompts(ours: dict, theirs: dict, round_index: int) -> None:
@@ -249,10 +303,36 @@ def own(framework: str, setting: str, postrl_bf16: str) -> str:
     return postrl_bf16 if framework == "postrl" and setting == "bf16" else setting
 
 
+def compare(regime: Regime, precision: str, args, limit_gb: float) -> dict[str, list[dict]]:
+    """Both frameworks' runs of one regime in one setting, alternated over the rounds; a
+    framework that ran out of memory is not run again."""
+    runs: dict[str, list[dict]] = {"postrl": [], "trl": []}
+    for round_index in range(args.rounds):
+        order = ("postrl", "trl") if round_index % 2 == 0 else ("trl", "postrl")
+        for framework in order:
+            if runs[framework] and "failed" in runs[framework][-1]:
+                continue
+            run = Run(regime, own(framework, precision, args.postrl_bf16), args.micro_batch_size,
+                      args.postrl_compile)
+            # round r runs seed r: other prompts and samples in each round, the same prompts
+            # for both frameworks
+            runs[framework].append(spawn(framework, args.steps or regime.steps, round_index,
+                                         run, limit_gb))
+            print(f"  {regime.name} {precision} round {round_index + 1}: {framework} done",
+                  flush=True)
+        if not any("failed" in r[-1] for r in runs.values()):
+            check_same_prompts(runs["postrl"][-1], runs["trl"][-1], round_index)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per child")
-    parser.add_argument("--rounds", type=int, default=2, help="A/B alternations per precision")
+    parser.add_argument("--regimes", default=",".join(REGIMES),
+                        help=f"comma-separated, of {', '.join(REGIMES)} (bench/regimes.py)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="timed steps per child (default: the regime's, "
+                             + ", ".join(f"{r.name} {r.steps}" for r in REGIMES.values()) + ")")
+    parser.add_argument("--rounds", type=int, default=2, help="A/B alternations per setting")
     parser.add_argument("--precisions", default=None,
                         help="settings to run (default fp32,bf16; fp32 alone on a CPU without "
                              "fast bf16 matmuls, where bf16 is no one's fastest setting)")
@@ -263,56 +343,32 @@ def main() -> None:
                         help="postrl's precision in the bf16 setting (TRL autocasts)")
     parser.add_argument("--postrl-compile", action="store_true",
                         help="postrl with torch_compile=true (compiled in its untimed first step)")
+    parser.add_argument("--gsm8k", default=str(GSM8K), help="GSM8K's train.jsonl")
+    total_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    parser.add_argument("--memory-limit-gb", type=float, default=round(0.9 * total_gb, 1),
+                        help="most memory a child may use (default: 90%% of this machine's)")
     parser.add_argument("--child", choices=("postrl", "trl"))
     parser.add_argument("--seed", type=int, default=0,
                         help="a child's seed: its prompts' order and its sampling (round r: r)")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.steps, args.seed, args.precisions, args.micro_batch_size,
-              args.postrl_compile)
+        child(args.child, args.steps, args.seed,
+              Run(parse_regimes(args.regimes, Path(args.gsm8k))[0], args.precisions,
+                  args.micro_batch_size, args.postrl_compile))
         return
+    regimes = parse_regimes(args.regimes, Path(args.gsm8k))  # a missing file: before any run
     if args.precisions is None:
         slow = cpu_bf16_reason()
         args.precisions = "fp32" if slow else "fp32,bf16"
         if slow:
             print(f"bf16 setting skipped: {slow}", flush=True)
-    table = {}
-    for precision in args.precisions.split(","):
-        runs = {"postrl": [], "trl": []}
-        for round_index in range(args.rounds):
-            order = ("postrl", "trl") if round_index % 2 == 0 else ("trl", "postrl")
-            for framework in order:
-                # round r runs seed r: other prompts and samples in each round, the same
-                # prompts for both frameworks
-                runs[framework].append(spawn(framework, args.steps, round_index,
-                                             own(framework, precision, args.postrl_bf16),
-                                             args.micro_batch_size, args.postrl_compile))
-                print(f"  {precision} round {round_index + 1}: {framework} done", flush=True)
-            check_same_prompts(runs["postrl"][-1], runs["trl"][-1], round_index)
-        table[precision] = {f: summary(r) for f, r in runs.items()}
-    print(f"\n{'setting':<19}{'step s':>9}{'generate s':>12}{'train s':>9}{'peak RSS MB':>13}"
-          f"{'zero-var groups':>17}{'tokens/step':>13}{'reward':>8}")
-    for precision, frameworks in table.items():
-        for framework, s in frameworks.items():
-            setting = f"{framework} {own(framework, precision, args.postrl_bf16)}"
-            print(f"{setting:<19}{s['step_s']:>9.2f}{s['generate_s']:>12.2f}"
-                  f"{s['train_s']:>9.2f}{s['peak_rss_mb']:>13.0f}{s['zero_variance']:>17.2f}"
-                  f"{s['tokens']:>13.0f}{s['reward']:>8.3f}")
-    for precision, f in table.items():
-        print(f"postrl {own('postrl', precision, args.postrl_bf16)} first (untimed) step: "
-              f"{f['postrl']['warmup_s']:.1f} s")
-    for precision, f in table.items():
-        speedup = f["trl"]["step_s"] / f["postrl"]["step_s"]
-        rss = f["postrl"]["peak_rss_mb"] / f["trl"]["peak_rss_mb"]
-        mine = own("postrl", precision, args.postrl_bf16)
-        print(f"postrl {mine} vs TRL {precision}: speedup={speedup:.2f} rss_ratio={rss:.2f}")
-    # each framework's fastest measured setting: TRL's is bf16 autocast on a CPU with AMX,
-    # fp32 where bf16 matmuls run in fallback kernels
-    theirs_best = min(table, key=lambda p: table[p]["trl"]["step_s"])
-    ours = min(table, key=lambda p: table[p]["postrl"]["step_s"])
-    theirs, mine = table[theirs_best]["trl"], table[ours]["postrl"]
-    print(f"speedup={theirs['step_s'] / mine['step_s']:.2f} "
-          f"rss_ratio={mine['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}")
+    settings = args.precisions.split(",")
+    peaks, bandwidth = machine_limits(settings)
+    for regime in regimes:
+        table = {p: {f: summary(r, peaks[p], bandwidth)
+                     for f, r in compare(regime, p, args, args.memory_limit_gb).items()}
+                 for p in settings}
+        report(regime, table, lambda f, p: own(f, p, args.postrl_bf16))
 
 
 if __name__ == "__main__":

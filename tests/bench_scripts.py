@@ -2,6 +2,7 @@
 package: its scripts run as ``python bench/<name>.py``)."""
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -9,8 +10,12 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 def load_bench_script(name: str) -> ModuleType:
-    """``bench/<name>.py``, imported under ``name``."""
+    """``bench/<name>.py``, imported under ``name``, with ``bench/`` on the import path as
+    when it runs as a script (its scripts import each other)."""
+    if str(BENCH) not in sys.path:
+        sys.path.append(str(BENCH))
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as importlib's recipe does: dataclasses look their module up
     spec.loader.exec_module(module)
     return module
