@@ -119,6 +119,9 @@ class TrainConfig:
     micro_batch_size: int = opt(8, "responses per forward and backward; a minibatch's "
                                 "gradients add up over its micro-batches (memory, not "
                                 "results)")
+    micro_batch_tokens: int = opt(0, "most tokens per forward and backward as well (responses, "
+                                  "and each prompt once), so that peak memory stays bounded "
+                                  "at any response length; 0 = micro_batch_size alone")
     critic_lr: float = opt(1e-5, "learning rate of the critic's AdamW optimizer (recipes "
                            "with critic=true)")
     critic_warmup_steps: int = opt(0, "first steps that train only the critic, not the "

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 POSITIVE = ("prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs", "minibatches",
             "max_turns", "micro_batch_size", "lr", "critic_lr", "eval_n", "keep_last",
             "max_skipped_steps", "rollout_workers", "train_workers")
-NON_NEGATIVE = ("top_k", "warmup_steps", "weight_decay", "critic_warmup_steps", "log_samples",
-                "eval_every", "eval_samples", "save_rollouts_every", "save_every", "worker_gpus")
+NON_NEGATIVE = ("top_k", "micro_batch_tokens", "warmup_steps", "weight_decay",
+                "critic_warmup_steps", "log_samples", "eval_every", "eval_samples",
+                "save_rollouts_every", "save_every", "worker_gpus")
 SCHEDULES = ("constant", "linear", "cosine")
 TOKEN_LEVEL_ADVANTAGES = ("gae", "reinforce_pp")  # those env_reward_at=turn places rewards for
 CHOICES = {"launcher": ("local", "ray"), "rollout_backend": ("hf", "vllm"),

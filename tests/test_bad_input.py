@@ -125,6 +125,8 @@ def cases(tmp: Path, earlier: Path):
          "rewards.weight must be a finite number"),
         ("zero-prompts", train("prompts_per_step=0"), "prompts_per_step must be > 0"),
         ("negative-micro", train("micro_batch_size=-1"), "micro_batch_size must be > 0"),
+        ("negative-micro-tokens", train("micro_batch_tokens=-8"),
+         "micro_batch_tokens must be >= 0"),
         ("zero-temperature", train("temperature=0"), "temperature > 0"),
         ("top-p", train("top_p=1.5"), "top_p must be in (0, 1]"),
         ("group-of-one", train("group_size=1"), "group_size >= 2"),
@@ -267,7 +269,7 @@ def cases(tmp: Path, earlier: Path):
     ]
 
 
-CORPUS_SIZE = 108
+CORPUS_SIZE = 109
 
 
 def test_corpus_has_at_least_eighty_cases(tmp_path, earlier_run):

@@ -4,6 +4,7 @@ and the merge of every replica's results into what one process would have seen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -45,24 +46,28 @@ class RoundResult:
     skipped: bool = False
 
 
-def replica_micro_batches(rows: Tensor, rank: int, size: int, micro_batch_size: int,
+def replica_micro_batches(rows: Tensor, rank: int, size: int,
+                          split: int | Callable[[Tensor], list[Tensor]],
                           order=None, equal_counts: bool = False) -> list[tuple[Tensor, float]]:
     """``(rows, weight)`` of the micro-batches replica ``rank`` of ``size`` runs for one
-    minibatch: its contiguous share, reordered by ``order`` (e.g. :func:`length_sorted`), in
-    micro-batches. A replica whose share is empty runs one row with weight 0 (no gradient, no
-    diagnostics), so that every replica takes part in the gradient all-reduce. Shares differ
-    by up to a row, and so may their numbers of micro-batches; ``equal_counts`` (FSDP2, whose
-    every forward is a collective: :attr:`Replica.forwards_must_match`) pads each replica's
-    up to the most with such weight-0 rows."""
-    shares = torch.tensor_split(rows, size)
-    share = shares[rank]
-    if not len(share):
-        micros = [(rows[:1], 0.0)]
-    else:
+    minibatch: its contiguous share, reordered by ``order`` (e.g. :func:`length_sorted`), cut
+    by ``split`` (rows per micro-batch, or a function of the ordered share:
+    ``postrl.train.micro_batches``). A replica whose share is empty runs one row with weight 0
+    (no gradient, no diagnostics), so that every replica takes part in the gradient
+    all-reduce. Shares differ by up to a row, and so may their numbers of micro-batches;
+    ``equal_counts`` (FSDP2, whose every forward is a collective:
+    :attr:`Replica.forwards_must_match`) pads each replica's up to the most with such
+    weight-0 rows."""
+
+    def cut(share: Tensor) -> list[Tensor]:
         share = order(share) if order is not None else share
-        micros = [(micro, 1.0) for micro in torch.split(share, micro_batch_size)]
+        return list(torch.split(share, split)) if isinstance(split, int) else split(share)
+
+    shares = torch.tensor_split(rows, size)
+    micros = ([(micro, 1.0) for micro in cut(shares[rank])] if len(shares[rank])
+              else [(rows[:1], 0.0)])
     if equal_counts:
-        most = max(max(-(-len(s) // micro_batch_size), 1) for s in shares)
+        most = max(len(cut(share)) if len(share) else 1 for share in shares)
         micros += [(rows[:1], 0.0)] * (most - len(micros))
     return micros
 

@@ -35,6 +35,7 @@ from postrl.train.distributed.weights import trainable_state
 from postrl.train.evaluate import training_eval
 from postrl.train.grading import Grader
 from postrl.train.metrics import sample_rows, step_metrics
+from postrl.train.micro_batches import micro_batches
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
 from postrl.train.sampling import Group, PromptSampler, PromptTokens, collect
 from postrl.train.scorers import TokenScorer, ValueScorer
@@ -301,7 +302,8 @@ class Trainer:
         kl_in_reward = self.recipe.needs_reference and self.recipe.kl_placement == "reward"
         parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "values": []}
         with torch.no_grad():  # constants of the update: no graph kept for the whole batch
-            for micro in torch.split(rows, self.cfg.micro_batch_size):
+            for micro in micro_batches(rows, batch, self.cfg.micro_batch_size,
+                                       self.cfg.micro_batch_tokens):
                 self._prepare_micro(batch.sequences(micro, self.engine.pad_id).to(self.device),
                                     parts, kl_in_reward)
         width = batch.response_ids.shape[1]  # the batch stays on the CPU
@@ -337,7 +339,8 @@ class Trainer:
     def _update(self, batch: TrainBatch) -> dict[str, float]:
         settings = UpdateSettings(
             epochs=self.cfg.epochs, minibatches=self.cfg.minibatches,
-            micro_batch_size=self.cfg.micro_batch_size, temperature=self.cfg.temperature,
+            micro_batch_size=self.cfg.micro_batch_size,
+            micro_batch_tokens=self.cfg.micro_batch_tokens, temperature=self.cfg.temperature,
             max_grad_norm=self.cfg.max_grad_norm, pad_id=self.engine.pad_id,
             precision=self.cfg.precision, device=str(self.device),
             train_policy=self.step >= self.cfg.critic_warmup_steps or self.critic is None)

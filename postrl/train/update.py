@@ -29,6 +29,7 @@ from postrl.objectives import (
 )
 from postrl.recipes import Recipe
 from postrl.train.batch import TrainBatch
+from postrl.train.micro_batches import micro_batches
 from postrl.train.replicas import Replica, RoundResult, replica_micro_batches
 from postrl.train.row_skipping import split_rows, unscored_diagnostics
 
@@ -49,6 +50,7 @@ class UpdateSettings:
     # when the sampler's entropies stand in for that forward (one process)
     forward_only_zero_gradient: bool = True
     replica: Replica | None = None  # this process's share of data-parallel replicas (None: all)
+    micro_batch_tokens: int = 0  # most tokens per micro-batch as well (0: rows alone)
 
 
 @dataclass
@@ -202,16 +204,18 @@ def _micro_batches(models: Trainable, batch: TrainBatch, rows: Tensor,
     if settings.forward_only_zero_gradient and settings.train_policy:
         trained, scored, unscored = split_rows(rows, batch, loss_cfg, models.critic is not None,
                                                replica.rank, replica.size)
-    micros = replica_micro_batches(trained, replica.rank, replica.size,
-                                   settings.micro_batch_size,
+    def split(ordered: Tensor) -> list[Tensor]:
+        return micro_batches(ordered, batch, settings.micro_batch_size,
+                             settings.micro_batch_tokens, settings.share_prompts)
+
+    micros = replica_micro_batches(trained, replica.rank, replica.size, split,
                                    order=lambda share: arrange(share, batch),
                                    equal_counts=replica.forwards_must_match)
     # forward-only rows first: gradients synchronise on the last micro-batch, which must run
     # a backward (FSDP2 reduce-scatters there; after it, a gradient-free forward would leave
     # the root's sharded gradients unset, and AdamW would skip those weights)
-    return [(micro, 1.0, False) for micro in torch.split(arrange(scored, batch),
-                                                        settings.micro_batch_size)
-            if len(micro)] + [(micro, weight, True) for micro, weight in micros], unscored
+    return [(micro, 1.0, False) for micro in split(arrange(scored, batch))
+            ] + [(micro, weight, True) for micro, weight in micros], unscored
 
 
 def _step(models: Trainable, result: RoundResult, finite: list[bool | Tensor],

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from postrl.train.batch import TrainBatch, assemble
+from postrl.train.micro_batches import micro_batches
 from postrl.train.replicas import Replica, merge_replicas
 from postrl.train.row_skipping import zero_gradient_rows
 from postrl.train.scorers import TokenScorer
@@ -41,10 +42,40 @@ def test_prompt_grouped_keeps_a_prompts_rows_together_longest_group_first():
     assert prompt_grouped(torch.tensor([4, 2, 0]), batch).tolist() == [0, 2, 4]
 
 
+def _lengths_batch(prompts, responses, group_size):
+    rows, width = len(prompts), max(responses)
+    return TrainBatch(prompts, torch.zeros(rows, width, dtype=torch.long),
+                      torch.arange(width)[None] < torch.tensor(responses)[:, None],
+                      torch.zeros(rows), torch.zeros(rows, dtype=torch.bool),
+                      torch.tensor(responses), torch.zeros(rows, dtype=torch.bool),
+                      group_size=group_size)
+
+
+def test_micro_batches_hold_at_most_their_rows_and_tokens():
+    # two groups of 3 rows; prompts of 4 and 2 tokens; responses of 5, 3, 1 and 6, 6, 2
+    batch = _lengths_batch([[1] * 4] * 3 + [[2] * 2] * 3, [5, 3, 1, 6, 6, 2], group_size=3)
+    rows = torch.arange(6)
+    as_lists = lambda micros: [m.tolist() for m in micros]  # noqa: E731
+    assert as_lists(micro_batches(rows, batch, 4)) == [[0, 1, 2, 3], [4, 5]]  # rows alone
+    # shared prompts: [0, 1]: 4 + 5 + 3 = 12; adding row 2 (1 token) fits 13; row 3 starts
+    # its prompt (2 + 6): 21 > 13 -> a new micro-batch: [3, 4]: 2 + 6 + 6 = 14 > 13 -> alone
+    assert as_lists(micro_batches(rows, batch, 8, 13)) == [[0, 1, 2], [3], [4, 5]]
+    # each row's prompt counted: [0]: 9, + row 1 (4 + 3) = 16 > 13; [1, 2]: 7 + 5;
+    # [3]: 8, + row 4 (8) = 16 > 13; [4, 5]: 8 + 4
+    assert as_lists(micro_batches(rows, batch, 8, 13, share_prompts=False)) == [
+        [0], [1, 2], [3], [4, 5]]
+    # a row over the budget runs alone; the order of the rows is kept
+    assert as_lists(micro_batches(torch.tensor([4, 0, 5]), batch, 8, 3)) == [[4], [0], [5]]
+    assert micro_batches(rows[:0], batch, 8, 13) == []
+    # a budget that holds everything: micro_batch_size decides
+    assert as_lists(micro_batches(rows, batch, 4, 10_000)) == [[0, 1, 2, 3], [4, 5]]
+
+
 def test_packed_prompt_groups_give_the_update_of_padded_rows_and_of_one_micro_batch(tmp_path):
     """grpo on the tiny model, 3 prompts x 4 samples of different lengths: 2-row and 5-row
     micro-batches of packed prompt groups, length-sorted padded rows without shared prompts
-    (as under FSDP2), and the whole batch at once make the same optimizer step."""
+    (as under FSDP2), the whole batch at once and micro-batches cut by a token budget make
+    the same optimizer step."""
     trainer = Trainer(tiny_config(tmp_path, "grpo", "prompts_per_step=3", "max_new_tokens=16"))
     timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
     batch = assemble(trainer._generate_round(0, timings), overlong_filter=False)
@@ -58,13 +89,21 @@ def test_packed_prompt_groups_give_the_update_of_padded_rows_and_of_one_micro_ba
                               max_grad_norm=None, pad_id=trainer.engine.pad_id)
     plan = [torch.arange(batch.rows)]
     after = []
-    for micro, share in ((2, True), (5, True), (2, False), (batch.rows, True)):
+    # the last: a budget of a prompt and 20 response tokens: micro-batches of one to three
+    # rows, whatever micro_batch_size says
+    budget = max(len(p) for p in batch.prompt_ids) + 20
+    cut = micro_batches(prompt_grouped(torch.arange(batch.rows), batch), batch, batch.rows,
+                        budget)
+    assert 3 < len(cut) < batch.rows
+    for micro, share, tokens in ((2, True, 0), (5, True, 0), (2, False, 0),
+                                 (batch.rows, True, 0), (batch.rows, True, budget)):
         lm = copy.deepcopy(trainer.lm).train()
         optimizer = torch.optim.SGD(lm.parameters(), lr=1.0)  # the step is the gradient
         scorer = TokenScorer(lm, share, tied_grads_in_place=share)
         results = run_updates(Trainable(scorer, optimizer),
                     batch, trainer.recipe, trainer.loss_cfg,
-                    dataclasses.replace(settings, micro_batch_size=micro, share_prompts=share),
+                    dataclasses.replace(settings, micro_batch_size=micro, share_prompts=share,
+                                        micro_batch_tokens=tokens),
                     plan)
         after.append((results[0].grad_norm, lm.state_dict()))
     assert after[0][0] > 1e-3  # a real gradient
