@@ -14,8 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# where SDPA attends: on a CPU, plain matmul-softmax trains faster at RL lengths
+# where SDPA always attends; on a CPU, plain matmul-softmax trained faster at short answers'
+# lengths, and SDPA's flash kernel from about this many scores per row and head on (it never
+# holds the [L, T] scores: at 1,024 new tokens they are most of a micro-batch's activations)
 FUSED_ATTENTION_DEVICES = ("cuda",)
+FUSED_ATTENTION_SCORES = 2**16
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -42,13 +45,15 @@ def attention(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, scale: 
     """``[B, L, heads * d]``: ``query [B, heads, L, d]`` over ``keys`` and ``values [B,
     kv_heads, T, d]`` under the additive ``bias [B, 1, L, T]``, the scores times ``scale``;
     query head ``h`` reads key/value head ``h // group``. SDPA on the devices of
-    :data:`FUSED_ATTENTION_DEVICES`; elsewhere two matmuls around a float32 softmax, with the
-    scale on the queries (the smaller tensor) unless ``softmax(scores, bias, scale)`` (a
-    backend's fused, scaled and biased softmax over ``[B, heads, L, T]``) is given."""
-    if query.device.type in FUSED_ATTENTION_DEVICES:
-        return sdpa_attention(query, keys, values, bias, scale)
+    :data:`FUSED_ATTENTION_DEVICES` and from :data:`FUSED_ATTENTION_SCORES` scores (``L x T``)
+    on; else two matmuls around a float32 softmax, with the scale on the queries (the smaller
+    tensor) unless ``softmax(scores, bias, scale)`` (a backend's fused, scaled and biased
+    softmax over ``[B, heads, L, T]``) is given."""
     rows, heads, width, dim = query.shape
     kv_heads, columns = keys.shape[1], keys.shape[2]
+    if (query.device.type in FUSED_ATTENTION_DEVICES
+            or width * columns >= FUSED_ATTENTION_SCORES):
+        return sdpa_attention(query, keys, values, bias, scale)
     group = heads // kv_heads
     scores = torch.matmul((query if softmax else query * scale).reshape(
         rows, kv_heads, group * width, dim), keys.transpose(2, 3))

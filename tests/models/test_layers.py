@@ -171,3 +171,27 @@ def test_fused_attention_gives_transformers_logprobs_and_gradients(tiny, monkeyp
     torch.testing.assert_close(ours[1], theirs[1], atol=1e-5, rtol=0)
     for name, grad in ours[2].items():
         torch.testing.assert_close(grad, theirs[2][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_long_sequences_attend_by_sdpa_on_the_cpu_too(tiny, monkeypatch):
+    """From ``FUSED_ATTENTION_SCORES`` scores per row and head on, the CPU attends by SDPA
+    (its flash kernel never holds the scores), with the same results; below, by
+    matmul-softmax."""
+    model, tokenizer = tiny
+    batch = shared_batch(tokenizer, True)
+    real, calls = ops.sdpa_attention, []
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+
+    monkeypatch.setattr(ops, "sdpa_attention", counting)
+    short = scored(model, batch, monkeypatch, own_layers=True)  # undoes the patches
+    assert not calls  # the tiny batch's few scores: matmul-softmax
+    monkeypatch.setattr(ops, "sdpa_attention", counting)
+    monkeypatch.setattr(ops, "FUSED_ATTENTION_SCORES", 8)
+    long = scored(model, batch, monkeypatch, own_layers=True)
+    assert calls
+    torch.testing.assert_close(long[0], short[0], atol=1e-5, rtol=0)
+    for name, grad in long[2].items():
+        torch.testing.assert_close(grad, short[2][name], atol=1e-5, rtol=1e-4, msg=name)
