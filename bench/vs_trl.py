@@ -10,7 +10,8 @@ new tokens), ``gsm8k-256`` and ``gsm8k-1024`` (GSM8K questions, at most 256 or 1
 Each framework runs in its own child process (so peak RSS is its own), alternating A/B per
 round, for each regime and precision; the first step of a child is a warm-up and is not
 counted. A child may use at most ``--memory-limit-gb`` (default 90% of this machine's memory):
-a framework that needs more is reported as not fitting, and postrl's row stands alone.
+a framework that needs more is reported as not fitting, and postrl's row stands alone; it is
+not run at longer responses in that setting (regimes run shortest first).
 
     python bench/vs_trl.py [--regimes short,gsm8k-256,gsm8k-1024] [--steps N] [--rounds 2]
                            [--precisions bf16,fp32] [--gsm8k PATH]
@@ -49,8 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -58,7 +57,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from regimes import (  # bench/
+from children import default_memory_limit_gb, memory_limit, out_of_memory, peak_rss_mb  # bench/
+from regimes import (
     GSM8K,
     REGIMES,
     SHORT,
@@ -107,10 +107,6 @@ def prompt_order(steps: int, seed: int, regime: Regime = SHORT) -> list[dict]:
     sampler = PromptSampler(task.train(), seed)  # as the trainer seeds it
     return [{"question": e.question, "answer": e.columns["answer"]}
             for e in sampler.take(PROMPTS * steps)]
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def postrl_config(steps: int, seed: int, precision: str = "fp32",
@@ -255,19 +251,6 @@ def child(framework: str, steps: int, seed: int, run: Run) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-# how an allocation past the child's memory limit ends (PyTorch's allocator, Python, the kernel)
-OUT_OF_MEMORY = ("can't allocate memory", "MemoryError", "Cannot allocate memory",
-                 "std::bad_alloc")
-
-
-def memory_limit(gigabytes: float):
-    """A child's ``preexec_fn``: at most ``gigabytes`` of data (heap and anonymous mappings,
-    RLIMIT_DATA), so a framework that needs more fails with an allocation error instead of
-    the kernel killing whichever process it picks."""
-    limit = int(gigabytes * 2**30)
-    return lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-
-
 def spawn(framework: str, steps: int, seed: int, run: Run, limit_gb: float) -> dict:
     """One child run; ``{"failed": why}`` when it ran out of memory."""
     out = subprocess.run([sys.executable, __file__, "--child", framework, "--steps", str(steps),
@@ -279,8 +262,8 @@ def spawn(framework: str, steps: int, seed: int, run: Run, limit_gb: float) -> d
                           *(["--postrl-compile"] if run.compile_layers else [])],
                          capture_output=True, text=True, preexec_fn=memory_limit(limit_gb))
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if out.returncode and any(sign in out.stderr for sign in OUT_OF_MEMORY):
-        return {"failed": f"out of memory: needs more than {limit_gb:.1f} GB"}
+    if out.returncode and out_of_memory(out.stderr, limit_gb):
+        return {"failed": out_of_memory(out.stderr, limit_gb)}
     if out.returncode or not lines:
         raise SystemExit(f"{framework} ({run.regime.name}, {run.precision}) failed:\n"
                          f"{out.stderr[-3000:]}")
@@ -303,10 +286,22 @@ def own(framework: str, setting: str, postrl_bf16: str) -> str:
     return postrl_bf16 if framework == "postrl" and setting == "bf16" else setting
 
 
-def compare(regime: Regime, precision: str, args, limit_gb: float) -> dict[str, list[dict]]:
+def not_to_run(out_of_memory_at: dict[tuple[str, str], int], setting: str,
+               max_new_tokens: int) -> dict[str, str]:
+    """``{framework: why}`` for the frameworks that ran out of memory in ``setting`` at
+    ``max_new_tokens`` or fewer (``out_of_memory_at[framework, setting]``: the fewest)."""
+    return {f: f"not run: out of memory at {tokens} new tokens"
+            for (f, s), tokens in out_of_memory_at.items()
+            if s == setting and max_new_tokens >= tokens}
+
+
+def compare(regime: Regime, precision: str, args, limit_gb: float,
+            skipped: dict[str, str]) -> dict[str, list[dict]]:
     """Both frameworks' runs of one regime in one setting, alternated over the rounds; a
-    framework that ran out of memory is not run again."""
-    runs: dict[str, list[dict]] = {"postrl": [], "trl": []}
+    framework that ran out of memory is not run again, nor one ``skipped`` names (framework:
+    why)."""
+    runs: dict[str, list[dict]] = {f: [{"failed": skipped[f]}] if f in skipped else []
+                                   for f in ("postrl", "trl")}
     for round_index in range(args.rounds):
         order = ("postrl", "trl") if round_index % 2 == 0 else ("trl", "postrl")
         for framework in order:
@@ -344,8 +339,7 @@ def main() -> None:
     parser.add_argument("--postrl-compile", action="store_true",
                         help="postrl with torch_compile=true (compiled in its untimed first step)")
     parser.add_argument("--gsm8k", default=str(GSM8K), help="GSM8K's train.jsonl")
-    total_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    parser.add_argument("--memory-limit-gb", type=float, default=round(0.9 * total_gb, 1),
+    parser.add_argument("--memory-limit-gb", type=float, default=default_memory_limit_gb(),
                         help="most memory a child may use (default: 90%% of this machine's)")
     parser.add_argument("--child", choices=("postrl", "trl"))
     parser.add_argument("--seed", type=int, default=0,
@@ -364,10 +358,18 @@ def main() -> None:
             print(f"bf16 setting skipped: {slow}", flush=True)
     settings = args.precisions.split(",")
     peaks, bandwidth = machine_limits(settings)
-    for regime in regimes:
-        table = {p: {f: summary(r, peaks[p], bandwidth)
-                     for f, r in compare(regime, p, args, args.memory_limit_gb).items()}
-                 for p in settings}
+    # a framework out of memory at some length is not run at longer ones (in the same setting):
+    # TRL's generation alone would take many minutes there before it failed again
+    out_of_memory_at: dict[tuple[str, str], int] = {}
+    for regime in sorted(regimes, key=lambda r: r.max_new_tokens):
+        table = {}
+        for p in settings:
+            skipped = not_to_run(out_of_memory_at, p, regime.max_new_tokens)
+            runs = compare(regime, p, args, args.memory_limit_gb, skipped)
+            for f, results in runs.items():
+                if f not in skipped and any("failed" in r for r in results):
+                    out_of_memory_at[f, p] = regime.max_new_tokens
+            table[p] = {f: summary(r, peaks[p], bandwidth) for f, r in runs.items()}
         report(regime, table, lambda f, p: own(f, p, args.postrl_bf16))
 
 

@@ -17,6 +17,11 @@ def regimes():
 
 
 @pytest.fixture(scope="module")
+def children():
+    return load_bench_script("children")
+
+
+@pytest.fixture(scope="module")
 def vs_trl():
     return load_bench_script("vs_trl")
 
@@ -109,12 +114,25 @@ def test_roofline_adds_the_flops_at_the_peak_and_decoding_at_its_bound(regimes):
     assert slow == pytest.approx((prefill + backward) / 1e3 + decode_bytes)
 
 
-def test_a_child_over_its_memory_limit_fails_with_an_allocation_error(vs_trl):
+def test_a_child_over_its_memory_limit_fails_with_an_allocation_error(children):
     allocate = "import torch; torch.empty(2**30).sum()"  # 4 GB
     out = subprocess.run([sys.executable, "-c", allocate], capture_output=True, text=True,
-                         preexec_fn=vs_trl.memory_limit(2.0))
+                         preexec_fn=children.memory_limit(2.0))
     assert out.returncode != 0
-    assert any(sign in out.stderr for sign in vs_trl.OUT_OF_MEMORY)
+    assert children.out_of_memory(out.stderr, 2.0) == (
+        "out of memory: needs more than 2.0 GB; 4.29 GB more failed")
+    assert children.out_of_memory("ValueError: bad config", 2.0) is None
+
+
+def test_the_frame_that_ran_out_of_memory_is_named(children):
+    stderr = """Traceback (most recent call last):
+  File "/v/lib/python3.11/site-packages/trl/trainer/grpo_trainer.py", line 9, in train
+  File "/v/lib/python3.11/site-packages/transformers/generation/utils.py", line 7, in generate
+RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 1500000000 bytes
+"""
+    assert children.out_of_memory(stderr, 21.2) == (
+        "out of memory: needs more than 21.2 GB; 1.50 GB more failed in generate "
+        "(transformers/generation/utils.py)")
 
 
 def test_a_framework_that_did_not_fit_is_reported_and_postrl_stands_alone(regimes, capsys):
@@ -131,3 +149,13 @@ def test_a_framework_that_did_not_fit_is_reported_and_postrl_stands_alone(regime
     assert "gsm8k-1024: TRL did not run; postrl alone" in printed
     assert "speedup" not in printed
     assert "2.00" in printed  # postrl's 10 s for 5,000 tokens: 2 ms a token
+
+
+def test_a_framework_out_of_memory_is_not_run_at_longer_responses(vs_trl):
+    failed = {("trl", "fp32"): 256}
+    assert vs_trl.not_to_run(failed, "fp32", 1024) == {
+        "trl": "not run: out of memory at 256 new tokens"}
+    assert vs_trl.not_to_run(failed, "fp32", 256) == {
+        "trl": "not run: out of memory at 256 new tokens"}
+    assert vs_trl.not_to_run(failed, "fp32", 64) == {}
+    assert vs_trl.not_to_run(failed, "bf16", 1024) == {}  # another setting may fit
