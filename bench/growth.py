@@ -5,7 +5,8 @@
 
 Each cell is one child process (its peak RSS its own) training postrl's ``dr_grpo`` on GSM8K
 questions, 4 prompts x 8 responses of at most LENGTH new tokens, fp32 (``bf16-master`` where
-the CPU has fast bf16 matmuls), for ``--steps`` steps, the first untimed. Models:
+the CPU has fast bf16 matmuls), micro-batches of at most 8 rows and ``MICRO_BATCH_TOKENS``
+tokens, for ``--steps`` steps, the first untimed. Models:
 SmolLM2-135M-Instruct itself, and randomly initialised models of SmolLM2-360M's shape and of
 SmolLM2-1.7B's (the published configs' widths, depths and heads). A random model almost never
 samples its end-of-sequence token, so its responses run to the budget: each length's worst
@@ -32,7 +33,7 @@ from typing import Any
 
 from children import default_memory_limit_gb, memory_limit, out_of_memory, peak_rss_mb
 from regimes import GSM8K, parse_regimes, task_spec  # bench/, this script's directory
-from vs_trl import GROUP, PROMPTS
+from vs_trl import GROUP, MICRO_BATCH_TOKENS, PROMPTS
 
 # the published SmolLM2 configs' shapes (hidden, intermediate, layers, heads, key-value heads)
 SHAPES = {"360m": (960, 2560, 32, 15, 5), "1.7b": (2048, 8192, 24, 32, 32)}
@@ -89,6 +90,7 @@ def run_cell(model: str, length: int, steps: int, gsm8k: Path) -> dict:
         f"model={model}", "recipe=dr_grpo", f"task={task_spec(regime)}",
         f"rewards=[{__file__}:text_hash]", f"prompts_per_step={PROMPTS}",
         f"group_size={GROUP}", f"max_new_tokens={length}", f"precision={precision}",
+        f"micro_batch_tokens={MICRO_BATCH_TOKENS}",
         f"out={tempfile.mkdtemp()}/run", "quiet=true", f"steps={steps}"])
     trainer = Trainer(cfg)
     rows = [trainer.train_step() for _ in range(steps)][1:]

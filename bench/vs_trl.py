@@ -84,6 +84,9 @@ MAX_NEW = SHORT.max_new_tokens  # the A/B scripts' regime
 # at the same peak RSS (3,990 against 3,914-3,986 MB); in fp32 they were even or slower
 # (train 3.58 → 3.88 and 5.34 → 5.49 s) at 580 MB more.
 MICRO_BATCH = {"fp32": 16, "bf16": 32, "bf16-master": 32}
+# and at most this many tokens (micro_batch_tokens): the short regime's micro-batches hold
+# fewer; at 1,024 new tokens 16 rows' activations would not fit in 24 GB (docs/performance.md)
+MICRO_BATCH_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ def postrl_config(steps: int, seed: int, precision: str = "fp32",
         f"group_size={GROUP}", f"max_new_tokens={regime.max_new_tokens}",
         f"precision={precision}", f"out={tempfile.mkdtemp()}/run", "quiet=true",
         f"steps={steps}", f"seed={seed}", f"micro_batch_size={micro_batch_size}",
+        f"micro_batch_tokens={MICRO_BATCH_TOKENS}",
         f"torch_compile={str(compile_layers).lower()}"])
 
 
@@ -290,7 +294,7 @@ def not_to_run(out_of_memory_at: dict[tuple[str, str], int], setting: str,
                max_new_tokens: int) -> dict[str, str]:
     """``{framework: why}`` for the frameworks that ran out of memory in ``setting`` at
     ``max_new_tokens`` or fewer (``out_of_memory_at[framework, setting]``: the fewest)."""
-    return {f: f"not run: out of memory at {tokens} new tokens"
+    return {f: f"it ran out of memory at {tokens} new tokens"
             for (f, s), tokens in out_of_memory_at.items()
             if s == setting and max_new_tokens >= tokens}
 

@@ -154,8 +154,8 @@ def test_a_framework_that_did_not_fit_is_reported_and_postrl_stands_alone(regime
 def test_a_framework_out_of_memory_is_not_run_at_longer_responses(vs_trl):
     failed = {("trl", "fp32"): 256}
     assert vs_trl.not_to_run(failed, "fp32", 1024) == {
-        "trl": "not run: out of memory at 256 new tokens"}
+        "trl": "it ran out of memory at 256 new tokens"}
     assert vs_trl.not_to_run(failed, "fp32", 256) == {
-        "trl": "not run: out of memory at 256 new tokens"}
+        "trl": "it ran out of memory at 256 new tokens"}
     assert vs_trl.not_to_run(failed, "fp32", 64) == {}
     assert vs_trl.not_to_run(failed, "bf16", 1024) == {}  # another setting may fit
