@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
+import subprocess
+import sys
 
 
 def peak_rss_mb() -> float:
@@ -43,3 +46,18 @@ def out_of_memory(stderr: str, limit_gb: float) -> str | None:
     if frames:
         why += f" in {frames[-1][1]} ({frames[-1][0]})"
     return why
+
+
+def run_child(argv: list[str], limit_gb: float, what: str) -> dict:
+    """The ``RESULT {json}`` line of ``python argv`` run under :func:`memory_limit`; ``{"failed":
+    why}`` if it ran out of memory; SystemExit naming ``what`` with the child's stderr if it
+    failed otherwise."""
+    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                         preexec_fn=memory_limit(limit_gb))
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    why = out_of_memory(out.stderr, limit_gb) if out.returncode else None
+    if why:
+        return {"failed": why}
+    if out.returncode or not lines:
+        raise SystemExit(f"{what} failed:\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])

@@ -24,14 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
 
-from children import default_memory_limit_gb, memory_limit, out_of_memory, peak_rss_mb
+from children import default_memory_limit_gb, peak_rss_mb, run_child
 from regimes import GSM8K, parse_regimes, task_spec  # bench/, this script's directory
 from vs_trl import GROUP, MICRO_BATCH_TOKENS, PROMPTS
 
@@ -102,16 +100,9 @@ def run_cell(model: str, length: int, steps: int, gsm8k: Path) -> dict:
 
 
 def spawn(model: str, length: int, args) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", model, "--lengths", str(length),
-                          "--steps", str(args.steps), "--gsm8k", args.gsm8k],
-                         capture_output=True, text=True,
-                         preexec_fn=memory_limit(args.memory_limit_gb))
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if out.returncode and out_of_memory(out.stderr, args.memory_limit_gb):
-        return {"failed": out_of_memory(out.stderr, args.memory_limit_gb)}
-    if out.returncode or not lines:
-        raise SystemExit(f"{model} at {length} tokens failed:\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_child([__file__, "--child", model, "--lengths", str(length), "--steps",
+                      str(args.steps), "--gsm8k", args.gsm8k], args.memory_limit_gb,
+                     f"{model} at {length} tokens")
 
 
 def print_table(results: dict[tuple[str, int], dict]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from functools import partial
 
@@ -35,3 +36,14 @@ def read_bandwidth(megabytes: int = 1024, repeats: int = 5) -> float:
     """GB/s of the fastest sum over a ``megabytes`` buffer (far larger than the caches)."""
     source = torch.ones(megabytes * 2**20 // 4)
     return source.numel() * 4 / fastest(source.sum, repeats) / 1e9
+
+
+def machine_limits(settings: list[str]) -> tuple[dict[str, float], float]:
+    """This machine's matmul peak per setting (``fp32``, ``bf16``; GFLOP/s) and memory-read
+    rate (GB/s), measured with every core and printed."""
+    torch.set_num_threads(os.cpu_count() or 1)
+    peaks = {s: matmul_peak(torch.float32 if s == "fp32" else torch.bfloat16) for s in settings}
+    bandwidth = read_bandwidth()
+    print(", ".join(f"matmul peak {s}: {v:.0f} GFLOP/s" for s, v in peaks.items())
+          + f", memory read: {bandwidth:.1f} GB/s", flush=True)
+    return peaks, bandwidth

@@ -108,11 +108,15 @@ def trained_tokens(trainer, batch) -> tuple[int, int]:
     :func:`gradient_rows` and each of their prompts once per group (rows of a prompt share its
     forward, ``postrl/models/logprobs.py``; a prompt whose rows fall into several micro-batches
     runs once in each, so an achieved FLOP/s from this count is a lower bound)."""
-    rows = gradient_rows(trainer, batch)
-    responses = int(batch.response_mask[rows].sum())
-    groups = sorted(set((rows // batch.group_size).tolist()))
-    prompts = sum(len(batch.prompt_ids[g * batch.group_size]) for g in groups)
-    return len(rows), responses + prompts
+    rows = gradient_rows(trainer, batch).tolist()
+    return len(rows), _trained(batch, rows)
+
+
+def _trained(batch, rows: list[int]) -> int:
+    """The responses of ``rows`` and each of their groups' prompts once."""
+    groups = {i // batch.group_size for i in rows}
+    return (int(batch.response_mask[rows].sum())
+            + sum(len(batch.prompt_ids[g * batch.group_size]) for g in groups))
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ def step_work(trainer, batch) -> StepWork:
         weight_bytes=params * itemsize,
         prompt_tokens=sum(prompts), prompt_pairs=sum(_pairs(0, p) for p in prompts),
         generated=sum(lengths), generated_pairs=sum(pairs), decode_steps=max(lengths, default=0),
-        trained=(int(batch.response_mask[rows].sum()) + sum(prompts[g] for g in groups)),
+        trained=_trained(batch, rows),
         trained_pairs=(sum(pairs[i] for i in rows) + sum(_pairs(0, prompts[g]) for g in groups)))
 
 

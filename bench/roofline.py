@@ -26,11 +26,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import os
 from functools import partial
 
 import torch
-from peaks import fastest, matmul_peak, read_bandwidth  # bench/, this script's directory
+from peaks import fastest, machine_limits  # bench/, this script's directory
 from regimes import trained_tokens
 from vs_trl import MICRO_BATCH
 
@@ -132,17 +131,10 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--skip-postrl", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
     slow_bf16 = cpu_bf16_reason()
     if slow_bf16:  # a 3,072-wide bf16 matmul would take minutes, and no one trains in bf16 here
         print(f"bf16 skipped: {slow_bf16}")
-    dtypes = {"fp32": torch.float32} if slow_bf16 else {"fp32": torch.float32,
-                                                        "bf16": torch.bfloat16}
-    peaks = {name: matmul_peak(dtype) for name, dtype in dtypes.items()}
-    for name, value in peaks.items():
-        print(f"matmul peak {name}: {value:.0f} GFLOP/s")
-    bandwidth = read_bandwidth()
-    print(f"memory read: {bandwidth:.1f} GB/s")
+    peaks, bandwidth = machine_limits(["fp32"] if slow_bf16 else ["fp32", "bf16"])
     if args.skip_postrl:
         return
     for precision in ("fp32",) if slow_bf16 else ("fp32", "bf16", "bf16-master"):

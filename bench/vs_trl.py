@@ -50,14 +50,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from children import default_memory_limit_gb, memory_limit, out_of_memory, peak_rss_mb  # bench/
+from children import default_memory_limit_gb, peak_rss_mb, run_child  # bench/
+from peaks import machine_limits
 from regimes import (
     GSM8K,
     REGIMES,
@@ -70,7 +69,7 @@ from regimes import (
     step_work,
     task_spec,
 )
-from vs_trl_report import machine_limits, report, summary
+from vs_trl_report import report, summary
 
 from postrl.models.precision import cpu_bf16_reason
 
@@ -257,21 +256,14 @@ def child(framework: str, steps: int, seed: int, run: Run) -> None:
 
 def spawn(framework: str, steps: int, seed: int, run: Run, limit_gb: float) -> dict:
     """One child run; ``{"failed": why}`` when it ran out of memory."""
-    out = subprocess.run([sys.executable, __file__, "--child", framework, "--steps", str(steps),
-                          "--seed", str(seed), "--regimes", run.regime.name,
-                          *(["--gsm8k", str(run.regime.data)] if run.regime.data else []),
-                          *(["--micro-batch-size", str(run.micro_batch_size)]
-                            if run.micro_batch_size else []),
-                          "--precisions", run.precision,
-                          *(["--postrl-compile"] if run.compile_layers else [])],
-                         capture_output=True, text=True, preexec_fn=memory_limit(limit_gb))
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if out.returncode and out_of_memory(out.stderr, limit_gb):
-        return {"failed": out_of_memory(out.stderr, limit_gb)}
-    if out.returncode or not lines:
-        raise SystemExit(f"{framework} ({run.regime.name}, {run.precision}) failed:\n"
-                         f"{out.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_child([__file__, "--child", framework, "--steps", str(steps),
+                      "--seed", str(seed), "--regimes", run.regime.name,
+                      *(["--gsm8k", str(run.regime.data)] if run.regime.data else []),
+                      *(["--micro-batch-size", str(run.micro_batch_size)]
+                        if run.micro_batch_size else []),
+                      "--precisions", run.precision,
+                      *(["--postrl-compile"] if run.compile_layers else [])],
+                     limit_gb, f"{framework} ({run.regime.name}, {run.precision})")
 
 
 def check_same_prompts(ours: dict, theirs: dict, round_index: int) -> None:
@@ -299,8 +291,8 @@ def not_to_run(out_of_memory_at: dict[tuple[str, str], int], setting: str,
             if s == setting and max_new_tokens >= tokens}
 
 
-def compare(regime: Regime, precision: str, args, limit_gb: float,
-            skipped: dict[str, str]) -> dict[str, list[dict]]:
+def compare(regime: Regime, precision: str, args, skipped: dict[str, str]
+            ) -> dict[str, list[dict]]:
     """Both frameworks' runs of one regime in one setting, alternated over the rounds; a
     framework that ran out of memory is not run again, nor one ``skipped`` names (framework:
     why)."""
@@ -316,7 +308,7 @@ def compare(regime: Regime, precision: str, args, limit_gb: float,
             # round r runs seed r: other prompts and samples in each round, the same prompts
             # for both frameworks
             runs[framework].append(spawn(framework, args.steps or regime.steps, round_index,
-                                         run, limit_gb))
+                                         run, args.memory_limit_gb))
             print(f"  {regime.name} {precision} round {round_index + 1}: {framework} done",
                   flush=True)
         if not any("failed" in r[-1] for r in runs.values()):
@@ -369,7 +361,7 @@ def main() -> None:
         table = {}
         for p in settings:
             skipped = not_to_run(out_of_memory_at, p, regime.max_new_tokens)
-            runs = compare(regime, p, args, args.memory_limit_gb, skipped)
+            runs = compare(regime, p, args, skipped)
             for f, results in runs.items():
                 if f not in skipped and any("failed" in r for r in results):
                     out_of_memory_at[f, p] = regime.max_new_tokens

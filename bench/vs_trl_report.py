@@ -1,8 +1,7 @@
-"""bench/vs_trl.py's table: each side's medians, this machine's limits and the roofline."""
+"""bench/vs_trl.py's table: each side's medians and the roofline."""
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Callable
 
@@ -27,19 +26,6 @@ def summary(results: list[dict], peak_gflops: float, bandwidth_gbs: float) -> di
         out["roofline_s"] = statistics.median(
             roofline_s(w, peak_gflops, bandwidth_gbs) for w in works)
     return out
-
-
-def machine_limits(settings: list[str]) -> tuple[dict[str, float], float]:
-    """This machine's matmul peak per setting (GFLOP/s) and memory-read rate (GB/s)."""
-    import torch
-    from peaks import matmul_peak, read_bandwidth
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    peaks = {s: matmul_peak(torch.float32 if s == "fp32" else torch.bfloat16) for s in settings}
-    bandwidth = read_bandwidth()
-    print(", ".join(f"matmul peak {s}: {v:.0f} GFLOP/s" for s, v in peaks.items())
-          + f", memory read: {bandwidth:.1f} GB/s", flush=True)
-    return peaks, bandwidth
 
 
 def report(regime: Regime, table: dict, own: Callable[[str, str], str]) -> None:

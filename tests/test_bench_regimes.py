@@ -159,3 +159,16 @@ def test_a_framework_out_of_memory_is_not_run_at_longer_responses(vs_trl):
         "trl": "it ran out of memory at 256 new tokens"}
     assert vs_trl.not_to_run(failed, "fp32", 64) == {}
     assert vs_trl.not_to_run(failed, "bf16", 1024) == {}  # another setting may fit
+
+
+def test_a_child_gives_its_result_its_memory_failure_or_a_named_error(children, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text("import sys, torch\n"
+                      "if sys.argv[1] == 'big': torch.empty(2**30).sum()\n"
+                      "if sys.argv[1] == 'bad': raise ValueError('no such option')\n"
+                      "print('noise'); print('RESULT {\"step_s\": 1.5}')\n")
+    assert children.run_child([str(script), "ok"], 2.0, "ok child") == {"step_s": 1.5}
+    assert children.run_child([str(script), "big"], 2.0, "big child") == {
+        "failed": "out of memory: needs more than 2.0 GB; 4.29 GB more failed"}
+    with pytest.raises(SystemExit, match="bad child failed:\n(.|\n)*ValueError: no such option"):
+        children.run_child([str(script), "bad"], 2.0, "bad child")
