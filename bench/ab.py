@@ -8,8 +8,10 @@ optimizer state, alternated, do not."""
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -20,13 +22,13 @@ def alternating(reps: int, flip: bool = False) -> list[bool]:
 
 
 def from_one_state(trainer, run: Callable[[bool | None], Any],
-                   ways: list[bool | None]) -> tuple[dict[bool, list[float]], Any]:
-    """Seconds of ``run(way)`` for each of ``ways``, every run from the weights and optimizer
-    state ``trainer`` has now (a way of None runs untimed: a warm-up); and the last run's
-    result, whose state the trainer keeps."""
+                   ways: list[Any]) -> tuple[dict[Any, list[float]], Any]:
+    """Seconds of ``run(way)`` for each of ``ways`` (True and False, or any other labels),
+    every run from the weights and optimizer state ``trainer`` has now (a way of None runs
+    untimed: a warm-up); and the last run's result, whose state the trainer keeps."""
     weights = copy.deepcopy(trainer.lm.state_dict())
     optimizer = copy.deepcopy(trainer.optimizer.state_dict())
-    times: dict[bool, list[float]] = {True: [], False: []}
+    times: dict[Any, list[float]] = {True: [], False: []}
     result = None
     for i, way in enumerate(ways):
         if i:
@@ -37,7 +39,7 @@ def from_one_state(trainer, run: Callable[[bool | None], Any],
         start = time.perf_counter()
         result = run(way)
         if way is not None:
-            times[way].append(time.perf_counter() - start)
+            times.setdefault(way, []).append(time.perf_counter() - start)
     return times, result
 
 
@@ -49,3 +51,24 @@ def first_prompt_ids(trainer, count: int = 4) -> list[list[int]]:
     return [trainer.prompt_ids(e.id, task_prompt(trainer.tokenizer, trainer.task, e.question,
                                                  trainer.cfg.system_prompt))
             for e in trainer.sampler.take(count)]
+
+
+class ResidentPeak:
+    """The most resident memory (MB) seen since :meth:`reset`, sampled by a thread."""
+
+    def __init__(self) -> None:
+        self.peak = 0.0
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    @staticmethod
+    def now() -> float:
+        fields = Path("/proc/self/statm").read_text().split()
+        return int(fields[1]) * 4096 / 2**20
+
+    def reset(self) -> None:
+        self.peak = self.now()
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, self.now())
+            time.sleep(0.05)

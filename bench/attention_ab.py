@@ -15,36 +15,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
-import time
 from pathlib import Path
 
 from postrl.models import ops
 
 
-class ResidentPeak:
-    """The most resident memory (MB) seen since :meth:`reset`, sampled by a thread."""
-
-    def __init__(self) -> None:
-        self.peak = 0.0
-        threading.Thread(target=self._sample, daemon=True).start()
-
-    @staticmethod
-    def now() -> float:
-        fields = Path("/proc/self/statm").read_text().split()
-        return int(fields[1]) * 4096 / 2**20
-
-    def reset(self) -> None:
-        self.peak = self.now()
-
-    def _sample(self) -> None:
-        while True:
-            self.peak = max(self.peak, self.now())
-            time.sleep(0.05)
-
-
 def main(argv: list[str] | None = None) -> None:
-    from ab import alternating, from_one_state  # bench/, this script's directory
+    from ab import ResidentPeak, alternating, from_one_state  # bench/, this script's directory
     from regimes import GSM8K, REGIMES, parse_regimes
     from vs_trl import postrl_config
 

@@ -3,10 +3,12 @@ what recording costs the sampler; each alternated in one process on the same bat
 
     python bench/recorded_forward_ab.py update [--steps 6] [--reps 2] [--compiled]
                                               [--precision fp32|bf16-master]
+                                              [--regime short] [--record-share S]
     python bench/recorded_forward_ab.py sampler [--reps 8] [--precision fp32|bf16-master]
 
-``update``: ``bench/vs_trl.py``'s postrl run (SmolLM2, 4 prompts x 8, 64 new tokens; fp32
-unless ``--precision bf16-master``, whose record is bf16).
+``update``: ``bench/vs_trl.py``'s postrl run at ``--regime`` (SmolLM2, 4 prompts x 8, 64 new
+tokens in ``short``; fp32 unless ``--precision bf16-master``, whose record is bf16), the record
+allowed ``--record-share`` of the machine's memory (default: the backend's share).
 Each step's update runs both ways ``reps`` times from the same weights and optimizer state
 (ABBA order; the process's first update warms up and is left out), and one line per step
 gives the tokens and the medians. ``--compiled``: the update that multiplies runs postrl's
@@ -21,20 +23,27 @@ import argparse
 import dataclasses
 import statistics
 import time
+from pathlib import Path
 
 from postrl.accel.recorded import parameter_versions
 
 
-def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32") -> None:
-    from ab import alternating, from_one_state  # bench/, this script's directory
+def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32",
+           regime=None, record_share: float | None = None) -> None:
+    from ab import ResidentPeak, alternating, from_one_state  # bench/, this script's directory
     from vs_trl import postrl_config
 
+    from postrl.accel import decoding
     from postrl.train.trainer import Trainer
 
-    trainer = Trainer(postrl_config(steps, seed=0, precision=precision))
+    if record_share is not None:
+        decoding.RECORD_MEMORY_SHARE = record_share
+    trainer = Trainer(postrl_config(steps, seed=0, precision=precision,
+                                    **({"regime": regime} if regime else {})))
     assert trainer.engine.record_forward
     original = trainer._update
     totals: dict[bool, list[float]] = {True: [], False: []}
+    memory, peaks = ResidentPeak(), {True: 0.0, False: 0.0}
     label = "compiled, mult. s" if compiled else "multiplies s"
     print(f"{'step':>4}{'tokens':>8}{label:>19}{'reads record s':>16}{'ratio':>7}")
 
@@ -47,7 +56,11 @@ def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32
             # the untimed warm-up takes the way that compiles, if any
             multiplies = read is False or (read is None and compiled)
             trainer.cfg.torch_compile = compiled and multiplies
-            return original(dataclasses.replace(batch, recorded=None) if multiplies else batch)
+            memory.reset()
+            metrics = original(dataclasses.replace(batch, recorded=None) if multiplies else batch)
+            if read is not None:
+                peaks[read] = max(peaks[read], memory.peak)
+            return metrics
 
         # the process's first update warms up (allocations, kernels)
         ways = alternating(reps) if totals[True] else [None, *alternating(reps)]
@@ -63,7 +76,8 @@ def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32
     for _ in range(steps):
         trainer.train_step()
     print(f"sum of step medians: multiplies {sum(totals[False]):.2f} s, "
-          f"reads the record {sum(totals[True]):.2f} s")
+          f"reads the record {sum(totals[True]):.2f} s; resident peaks {peaks[False]:.0f} and "
+          f"{peaks[True]:.0f} MB")
 
 
 def sampler(reps: int, precision: str = "fp32") -> None:
@@ -98,9 +112,17 @@ def main() -> None:
     parser.add_argument("--compiled", action="store_true",
                         help="update: the way that multiplies runs compiled layers")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))
+    parser.add_argument("--regime", default="short", help="update: bench/regimes.py's regime")
+    parser.add_argument("--gsm8k", default=None, help="GSM8K's train.jsonl (regimes' default)")
+    parser.add_argument("--record-share", type=float, default=None,
+                        help="update: the most of the memory a record may take")
     args = parser.parse_args()
     if args.what == "update":
-        update(args.steps, args.reps or 2, args.compiled, args.precision)
+        from regimes import GSM8K, parse_regimes  # bench/, this script's directory
+
+        regime = parse_regimes(args.regime, Path(args.gsm8k or GSM8K))[0]
+        update(args.steps, args.reps or 2, args.compiled, args.precision, regime,
+               args.record_share)
     else:
         sampler(args.reps or 8, args.precision)
 
