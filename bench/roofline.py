@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 from functools import partial
 
 import torch
@@ -70,7 +69,7 @@ def training_flops(model, tokens: int, per_weight: float = 6.0) -> float:
 
 def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False) -> dict:
     from postrl.config import load_config
-    from postrl.models.logprobs import response_logprobs
+    from postrl.models.logprobs import HEAD_CHUNK_TOKENS
     from postrl.models.precision import sampling_dtype
     from postrl.train.trainer import Trainer
 
@@ -119,9 +118,8 @@ def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False)
             * cfg.prompts_per_step * cfg.group_size / 1e9,
             # one micro-batch's rows, as its linear layers see them
             "tokens_per_micro_batch": trained / micro_batches,
-            # the LM head sees chunks of chunk_rows rows at the widest response's length
-            "head_tokens_per_micro_batch": min(trained / micro_batches, last["length/max"] * (
-                inspect.signature(response_logprobs).parameters["chunk_rows"].default)),
+            # the LM head sees chunks of HEAD_CHUNK_TOKENS tokens
+            "head_tokens_per_micro_batch": min(trained / micro_batches, HEAD_CHUNK_TOKENS),
             "model": trainer.lm, "config": cfg, "recorded": recorded[-1],
             "train_s": last["time/train_s"], "generate_s": last["time/generate_s"]}
 

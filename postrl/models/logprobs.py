@@ -32,6 +32,12 @@ from postrl.models import backend, layers
 from postrl.models.backend import OpenRecord, RecordHandle
 from postrl.models.packing import Packing, attention_bias, pack_responses
 
+# Scored tokens per pass through the LM head and the vocabulary's log-softmax (when the
+# caller does not say): a pass keeps its [tokens, vocabulary] probabilities for the backward
+# and makes its logits and their gradient as large, whatever the responses' length; smaller
+# passes measured no faster (bench/vocab_chunk_ab.py)
+HEAD_CHUNK_TOKENS = 2048
+
 
 @dataclass
 class SequenceBatch:
@@ -84,7 +90,7 @@ class SequenceBatch:
 
 def response_logprobs(
     model, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False,
-    chunk_rows: int = 8, entropy_grad: bool = False, share_prompts: bool = True,
+    chunk_tokens: int | None = None, entropy_grad: bool = False, share_prompts: bool = True,
     head_grad_in_place: bool = False, compile_layers: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``(logp [N, T], entropy [N, T] or None)`` of the response tokens, temperature-scaled.
@@ -96,15 +102,13 @@ def response_logprobs(
     see :func:`lm_head_chunks` (one process only). ``compile_layers``: postrl's own decoder
     layers run compiled (``torch_compile``; :func:`postrl.models.layers.body`).
     """
-    response_width = batch.input_ids.shape[1] - batch.prompt_width
     recorded = None if batch.recorded is None else batch.recorded.open(model)
     hidden, recorded = response_hidden(model, batch, share_prompts, compile_layers, recorded)
-    # only the scored response tokens go through the LM head,
-    # chunk_rows * T at a time
+    # only the scored response tokens go through the LM head, chunk_tokens at a time
     scored = batch.scored
     hidden, targets = hidden[scored], batch.input_ids[:, batch.prompt_width:][scored]
     known_logits = None if recorded is None else recorded.logits(*scored.nonzero().unbind(1))
-    chunk = chunk_rows * max(response_width, 1)
+    chunk = chunk_tokens or HEAD_CHUNK_TOKENS
     head = lm_head_chunks(model) if head_grad_in_place else model.lm_head
     head = _plain_head(head) if isinstance(head, nn.Module) else head
     logps, entropies = [], []

@@ -52,15 +52,14 @@ class ReferencePolicy:
             self.frozen = copy.deepcopy(policy).eval().requires_grad_(False)
 
     @torch.no_grad()
-    def logprobs(self, batch: SequenceBatch, temperature: float, chunk_rows: int) -> torch.Tensor:
+    def logprobs(self, batch: SequenceBatch, temperature: float) -> torch.Tensor:
         # never the policy's recorded forward: with adapters disabled the model is the same
         # object, at the same weight versions, yet not the recorded policy
         batch = dataclasses.replace(batch, recorded=None)
         if self.frozen is not None:
-            return response_logprobs(self.frozen, batch, temperature, chunk_rows=chunk_rows)[0]
+            return response_logprobs(self.frozen, batch, temperature)[0]
         with self.policy.disable_adapter():
-            return response_logprobs(causal_lm(self.policy), batch, temperature,
-                                     chunk_rows=chunk_rows)[0]
+            return response_logprobs(causal_lm(self.policy), batch, temperature)[0]
 
 
 class ValueModel(nn.Module):

@@ -49,8 +49,7 @@ class _LogProbEntropy(torch.autograd.Function):
         total = probs.sum(dim=-1, keepdim=True)
         probs.div_(total)
         lse = (top + total.log()).squeeze(-1)
-        # vecdot, not bmm: on the CPU bmm's float32 sum over the vocabulary is ~20x less exact
-        entropy = lse - torch.linalg.vecdot(probs, _finite(z)) if with_entropy else None
+        entropy = lse - _expected(probs, z) if with_entropy else None
         logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
         if entropy_grad:
             ctx.save_for_backward(probs, targets, z, lse, entropy)
@@ -66,11 +65,37 @@ class _LogProbEntropy(torch.autograd.Function):
         if ctx.entropy_grad and grad_entropy is not None:
             _, _, z, lse, entropy = ctx.saved_tensors
             # -p * (log p + H) * g, with log p = z - lse
-            spread = (_finite(z) - (lse - entropy).unsqueeze(-1)).mul_(probs)
-            grad.sub_(spread.mul_(grad_entropy.unsqueeze(-1)))
+            shift, scale = (lse - entropy).unsqueeze(-1), grad_entropy.unsqueeze(-1)
+            for rows in _blocks(z):
+                spread = (_finite(z[rows]) - shift[rows]).mul_(probs[rows])
+                grad[rows].sub_(spread.mul_(scale[rows]))
         if ctx.temperature != 1.0:
             grad.div_(ctx.temperature)
         return grad.to(ctx.dtype), None, None, None, None
+
+
+# Elements of a [rows, vocabulary] temporary made at a time on the CPU: a few megabytes,
+# where the whole chunk's would be new pages of hundreds (bench/vocab_chunk_ab.py)
+BLOCK_ELEMENTS = 2**20
+
+
+def _blocks(z: Tensor) -> list[slice]:
+    """Slices of ``z``'s rows, each of at most :data:`BLOCK_ELEMENTS` elements (one row at
+    least) on the CPU; all rows at once elsewhere (a GPU's allocator keeps freed memory, and
+    each block would be another kernel launch)."""
+    if z.device.type != "cpu":
+        return [slice(0, z.shape[0])]
+    step = max(1, BLOCK_ELEMENTS // max(z.shape[-1], 1))
+    return [slice(start, start + step) for start in range(0, z.shape[0], step)]
+
+
+def _expected(probs: Tensor, z: Tensor) -> Tensor:
+    """``sum_v p_v z_v`` per row, a block of rows at a time (:func:`_blocks`)."""
+    out = z.new_empty(z.shape[:-1])
+    for rows in _blocks(z):
+        # vecdot, not bmm: on the CPU bmm's float32 sum over the vocabulary is ~20x less exact
+        torch.linalg.vecdot(probs[rows], _finite(z[rows]), out=out[rows])
+    return out
 
 
 def _finite(z: Tensor) -> Tensor:

@@ -325,8 +325,7 @@ class Trainer:
                                                       temperature)[0])
         with float32_module_autocast(precision, device_type):  # the reference and the critic
             if self.reference is not None:
-                parts["ref"].append(self.reference.logprobs(sequences, temperature,
-                                                            self.cfg.micro_batch_size))
+                parts["ref"].append(self.reference.logprobs(sequences, temperature))
             if self.critic is not None:
                 parts["values"].append(self.critic.values(sequences))
 

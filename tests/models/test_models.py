@@ -52,8 +52,8 @@ def test_logprobs_are_chunk_invariant_and_padding_independent(tiny):
     model, tokenizer = tiny
     batch = batch_of(tokenizer)
     with torch.no_grad():
-        whole, entropy = response_logprobs(model, batch, with_entropy=True, chunk_rows=8)
-        chunked, _ = response_logprobs(model, batch, chunk_rows=1)
+        whole, entropy = response_logprobs(model, batch, with_entropy=True, chunk_tokens=64)
+        chunked, _ = response_logprobs(model, batch, chunk_tokens=3)
         prompt = tokenizer("What is 1 + 1?", add_special_tokens=False).input_ids
         alone = SequenceBatch.build([prompt], torch.tensor([[17, 18, 19]]),
                                     torch.ones(1, 3, dtype=torch.bool), tokenizer.pad_token_id)
@@ -106,7 +106,7 @@ def test_in_place_head_gradients_equal_autograd_and_reach_the_weights_own_hooks(
         hook = weight.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
         for scale in (1.0, -0.5):
             with sparse_embedding_grad(model):
-                logp, _ = response_logprobs(model, batch, chunk_rows=1,
+                logp, _ = response_logprobs(model, batch, chunk_tokens=3,
                                             head_grad_in_place=in_place)
             (logp * torch.arange(1.0, 4.0) * scale).sum().backward()
         hook.remove()
@@ -137,7 +137,7 @@ def test_in_place_head_gradients_under_autocast_are_autograds(tiny):
     for in_place in (False, True):
         model.zero_grad(set_to_none=True)
         with sparse_embedding_grad(model), torch.autocast("cpu", dtype=torch.bfloat16):
-            logp, _ = response_logprobs(model, batch, chunk_rows=1,
+            logp, _ = response_logprobs(model, batch, chunk_tokens=3,
                                         head_grad_in_place=in_place)
         (logp * torch.arange(1.0, 4.0)).sum().backward()
         grads.append({n: p.grad.to_dense().clone() for n, p in model.named_parameters()})
@@ -183,7 +183,7 @@ def test_lora_reference_is_the_base_and_saving_merges(tmp_path):
             p.data.add_(0.05 * torch.randn_like(p))
     reference = ReferencePolicy(policy)
     assert reference.frozen is None  # adapters disabled, no second copy in memory
-    torch.testing.assert_close(reference.logprobs(batch, 1.0, 8), base)
+    torch.testing.assert_close(reference.logprobs(batch, 1.0), base)
     with torch.no_grad():
         adapted, _ = response_logprobs(causal_lm(policy), batch)
     assert not torch.allclose(adapted, base)

@@ -5,6 +5,7 @@ tests: tests/accel/test_vocab.py)."""
 import pytest
 import torch
 
+from postrl.models import vocab
 from postrl.models.vocab import logprob_and_entropy
 
 
@@ -15,11 +16,19 @@ def textbook(logits, targets, temperature):
     return log_probs.gather(-1, targets[:, None]).squeeze(-1), entropy
 
 
+@pytest.fixture(params=["one block", "blocks of two rows"])
+def blocks(request, monkeypatch):
+    """The entropy's row blocks: all rows at once, or two at a time (a partial block last)."""
+    if request.param != "one block":
+        monkeypatch.setattr(vocab, "BLOCK_ELEMENTS", 2 * 300)
+    return request.param
+
+
 @pytest.mark.parametrize("entropy_grad", [False, True])
-def test_backward_matches_finite_differences(entropy_grad):
+def test_backward_matches_finite_differences(entropy_grad, blocks):
     generator = torch.Generator().manual_seed(0)
-    logits = torch.randn(5, 11, dtype=torch.float64, generator=generator, requires_grad=True)
-    targets = torch.randint(0, 11, (5,), generator=generator)
+    logits = torch.randn(5, 300, dtype=torch.float64, generator=generator, requires_grad=True)
+    targets = torch.randint(0, 300, (5,), generator=generator)
 
     def outputs(z):
         logp, entropy = logprob_and_entropy(z, targets, 0.7, entropy_grad)
@@ -29,7 +38,7 @@ def test_backward_matches_finite_differences(entropy_grad):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_values_and_gradients_match_autograd_through_log_softmax(temperature):
+def test_values_and_gradients_match_autograd_through_log_softmax(temperature, blocks):
     generator = torch.Generator().manual_seed(1)
     logits = (3 * torch.randn(7, 300, generator=generator)).requires_grad_()
     targets = torch.randint(0, 300, (7,), generator=generator)
@@ -73,3 +82,17 @@ def test_without_entropy_gives_the_same_log_probs_and_gradients_and_no_entropy()
     both.sum().backward()
     torch.testing.assert_close(logp, both)
     torch.testing.assert_close(alone, logits.grad)
+
+
+def test_masked_logits_add_nothing_to_the_entropy_or_its_gradient(blocks):
+    generator = torch.Generator().manual_seed(4)
+    logits = torch.randn(5, 300, generator=generator)
+    logits[:, :40] = float("-inf")  # tokens a sampler may never draw
+    logits.requires_grad_()
+    targets = torch.randint(40, 300, (5,), generator=generator)
+    logp, entropy = logprob_and_entropy(logits, targets, entropy_grad=True)
+    (logp + entropy).sum().backward()
+    want_logp, want_entropy = textbook(logits.detach()[:, 40:], targets - 40, 1.0)
+    torch.testing.assert_close(logp, want_logp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=1e-5)
+    assert torch.all(logits.grad[:, :40] == 0) and torch.isfinite(logits.grad).all()

@@ -1,0 +1,84 @@
+"""The update's pass through the LM head and the vocabulary's log-softmax, in chunks of other
+sizes: ways alternated in one process on the same batch from the same weights and optimizer
+state.
+
+    python bench/vocab_chunk_ab.py [--regime gsm8k-256] [--ways 2048:0,2048:1048576,512:1048576]
+                                   [--reps 2]
+
+Each way is ``tokens:elements``: ``logprobs.HEAD_CHUNK_TOKENS`` (scored tokens per pass) and
+``vocab.BLOCK_ELEMENTS`` (the largest temporary the entropy makes, 0: the whole chunk's). The
+first step of ``bench/vs_trl.py``'s postrl run at the regime generates a batch; its update
+runs once untimed, then ``reps`` rounds of every way (the order reversed every other round).
+Prints each way's median seconds and the most resident memory seen during its runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from postrl.models import logprobs, vocab
+
+
+def parse_ways(text: str) -> list[tuple[int, int]]:
+    """``"2048:0,512:1048576"`` as ``[(2048, 0), (512, 1048576)]``."""
+    ways = []
+    for part in text.split(","):
+        tokens, _, elements = part.partition(":")
+        ways.append((int(tokens), int(elements or 0)))
+    return ways
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ab import ResidentPeak, from_one_state  # bench/, this script's directory
+    from regimes import GSM8K, REGIMES, parse_regimes
+    from vs_trl import postrl_config
+
+    from postrl.train.trainer import Trainer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--regime", default="gsm8k-256", choices=list(REGIMES))
+    parser.add_argument("--ways", default="2048:0,2048:1048576,512:1048576",
+                        help="comma-separated tokens:elements (elements 0: one block)")
+    parser.add_argument("--reps", type=int, default=2, help="rounds of every way")
+    parser.add_argument("--gsm8k", default=str(GSM8K))
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    args = parser.parse_args(argv)
+    ways = parse_ways(args.ways)
+    regime = parse_regimes(args.regime, Path(args.gsm8k))[0]
+    config = postrl_config(1, seed=0, regime=regime)
+    config.model = args.model
+    trainer = Trainer(config)
+    defaults = logprobs.HEAD_CHUNK_TOKENS, vocab.BLOCK_ELEMENTS
+    update, memory, peaks = trainer._update, ResidentPeak(), {}
+
+    def every_way(batch):
+        def run(way):
+            tokens, elements = way or defaults
+            logprobs.HEAD_CHUNK_TOKENS = tokens
+            vocab.BLOCK_ELEMENTS = elements or 2**62
+            memory.reset()
+            metrics = update(batch)
+            if way is not None:
+                peaks[way] = max(peaks.get(way, 0.0), memory.peak)
+            return metrics
+
+        order = [way for r in range(args.reps) for way in (ways if r % 2 == 0 else ways[::-1])]
+        times, metrics = from_one_state(trainer, run, [None, *order])
+        logprobs.HEAD_CHUNK_TOKENS, vocab.BLOCK_ELEMENTS = defaults
+        for way in ways:
+            print(f"{way[0]:>6} tokens, blocks of {way[1] or 'all':>8}: update "
+                  f"{statistics.median(times[way]):.2f} s (runs: "
+                  f"{', '.join(f'{t:.2f}' for t in times[way])}), resident peak "
+                  f"{peaks[way]:.0f} MB", flush=True)
+        return metrics
+
+    trainer._update = every_way
+    row = trainer.train_step()
+    print(f"{args.regime}: responses of {row['length/mean']:.0f} tokens on average, "
+          f"{int(row['rollout/tokens_generated'])} generated")
+
+
+if __name__ == "__main__":
+    main()
