@@ -22,11 +22,19 @@ from postrl.models import logprobs, vocab
 
 
 def parse_ways(text: str) -> list[tuple[int, int]]:
-    """``"2048:0,512:1048576"`` as ``[(2048, 0), (512, 1048576)]``."""
+    """``"2048:0,512:1048576"`` as ``[(2048, 0), (512, 1048576)]``; argparse's error naming
+    the way that is not a positive token count and a block size (0 or more)."""
     ways = []
     for part in text.split(","):
         tokens, _, elements = part.partition(":")
-        ways.append((int(tokens), int(elements or 0)))
+        try:
+            way = int(tokens), int(elements or 0)
+        except ValueError:
+            way = (0, -1)
+        if way[0] < 1 or way[1] < 0:
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not tokens:elements (tokens at least 1, elements 0 or more)")
+        ways.append(way)
     return ways
 
 
@@ -39,13 +47,13 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regime", default="gsm8k-256", choices=list(REGIMES))
-    parser.add_argument("--ways", default="2048:0,2048:1048576,512:1048576",
+    parser.add_argument("--ways", type=parse_ways, default="2048:0,2048:1048576,512:1048576",
                         help="comma-separated tokens:elements (elements 0: one block)")
     parser.add_argument("--reps", type=int, default=2, help="rounds of every way")
     parser.add_argument("--gsm8k", default=str(GSM8K))
     parser.add_argument("--model", default="smollm2-135m-instruct")
     args = parser.parse_args(argv)
-    ways = parse_ways(args.ways)
+    ways = args.ways
     regime = parse_regimes(args.regime, Path(args.gsm8k))[0]
     config = postrl_config(1, seed=0, regime=regime)
     config.model = args.model

@@ -1,6 +1,8 @@
 """bench/vocab_chunk_ab.py runs one batch's update in every way asked for, from one state,
 each way with its own chunk and block sizes, and puts postrl's defaults back."""
 
+import pytest
+
 from postrl.models import logprobs, vocab
 from tests.bench_scripts import load_bench_script
 
@@ -22,3 +24,10 @@ def test_every_way_runs_with_its_sizes_and_the_defaults_are_restored(monkeypatch
     assert "16 tokens, blocks of     4096: update" in printed
     assert {(64, 2**62), (16, 4096)} <= set(seen)  # "0": one block, whatever the chunk
     assert (logprobs.HEAD_CHUNK_TOKENS, vocab.BLOCK_ELEMENTS) == defaults
+
+
+@pytest.mark.parametrize("ways", ["2048:x", "0:0", "512:-1", "512,abc"])
+def test_a_way_that_is_not_tokens_and_elements_is_named(ways, capsys):
+    with pytest.raises(SystemExit):
+        load_bench_script("vocab_chunk_ab").main(["--ways", ways])
+    assert "argument --ways" in capsys.readouterr().err
