@@ -8,6 +8,8 @@ optimizer state, alternated, do not."""
 from __future__ import annotations
 
 import copy
+import functools
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -21,11 +23,13 @@ def alternating(reps: int, flip: bool = False) -> list[bool]:
     return [way != flip for i in range(reps) for way in ((True, False) if i % 2 else (False, True))]
 
 
-def from_one_state(trainer, run: Callable[[bool | None], Any],
-                   ways: list[Any]) -> tuple[dict[Any, list[float]], Any]:
+def from_one_state(trainer, run: Callable[[bool | None], Any], ways: list[Any],
+                   peaks: dict[Any, float] | None = None) -> tuple[dict[Any, list[float]], Any]:
     """Seconds of ``run(way)`` for each of ``ways`` (True and False, or any other labels),
     every run from the weights and optimizer state ``trainer`` has now (a way of None runs
-    untimed: a warm-up); and the last run's result, whose state the trainer keeps."""
+    untimed: a warm-up); and the last run's result, whose state the trainer keeps. With
+    ``peaks``, each timed way's most resident memory (MB) during its runs goes there too (the
+    most over this call and any before that filled the same dict)."""
     weights = copy.deepcopy(trainer.lm.state_dict())
     optimizer = copy.deepcopy(trainer.optimizer.state_dict())
     times: dict[Any, list[float]] = {True: [], False: []}
@@ -36,11 +40,21 @@ def from_one_state(trainer, run: Callable[[bool | None], Any],
             trainer.optimizer.load_state_dict(optimizer)
             if trainer.master is not None:  # bf16-master's working copy, from the masters
                 trainer.master.refresh()
+        if peaks is not None:
+            resident_peak().reset()
         start = time.perf_counter()
         result = run(way)
         if way is not None:
             times.setdefault(way, []).append(time.perf_counter() - start)
+            if peaks is not None:
+                peaks[way] = max(peaks.get(way, 0.0), resident_peak().peak)
     return times, result
+
+
+def runs_text(times: list[float], peak: float) -> str:
+    """One way's line: the median of its ``times``, each run, and its resident ``peak``."""
+    return (f"update {statistics.median(times):.2f} s (runs: "
+            f"{', '.join(f'{t:.2f}' for t in times)}), resident peak {peak:.0f} MB")
 
 
 def first_prompt_ids(trainer, count: int = 4) -> list[list[int]]:
@@ -51,6 +65,12 @@ def first_prompt_ids(trainer, count: int = 4) -> list[list[int]]:
     return [trainer.prompt_ids(e.id, task_prompt(trainer.tokenizer, trainer.task, e.question,
                                                  trainer.cfg.system_prompt))
             for e in trainer.sampler.take(count)]
+
+
+@functools.cache
+def resident_peak() -> ResidentPeak:
+    """The process's one :class:`ResidentPeak` (one sampling thread)."""
+    return ResidentPeak()
 
 
 class ResidentPeak:

@@ -21,7 +21,7 @@ from postrl.models import ops
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ab import ResidentPeak, alternating, from_one_state  # bench/, this script's directory
+    from ab import alternating, from_one_state, runs_text  # bench/, this script's directory
     from regimes import GSM8K, REGIMES, parse_regimes
     from vs_trl import postrl_config
 
@@ -39,23 +39,17 @@ def main(argv: list[str] | None = None) -> None:
     config.reuse_sampler_forward, config.model = False, args.model
     trainer = Trainer(config)
     default, update = ops.FUSED_ATTENTION_SCORES, trainer._update
-    memory, peaks = ResidentPeak(), {True: 0.0, False: 0.0}
 
     def both_ways(batch):
         def run(sdpa: bool | None):
             ops.FUSED_ATTENTION_SCORES = default if sdpa in (True, None) else float("inf")
-            memory.reset()
-            metrics = update(batch)
-            if sdpa is not None:
-                peaks[sdpa] = max(peaks[sdpa], memory.peak)
-            return metrics
+            return update(batch)
 
-        times, metrics = from_one_state(trainer, run, [None, *alternating(args.reps)])
+        peaks = {}
+        times, metrics = from_one_state(trainer, run, [None, *alternating(args.reps)], peaks)
         ops.FUSED_ATTENTION_SCORES = default
         for sdpa, name in ((False, "matmul-softmax"), (True, "SDPA")):
-            print(f"{name:>15}: update {statistics.median(times[sdpa]):.2f} s (runs: "
-                  f"{', '.join(f'{t:.2f}' for t in times[sdpa])}), resident peak "
-                  f"{peaks[sdpa]:.0f} MB")
+            print(f"{name:>15}: {runs_text(times[sdpa], peaks[sdpa])}")
         print(f"SDPA / matmul-softmax: "
               f"{statistics.median(times[True]) / statistics.median(times[False]):.3f}")
         return metrics

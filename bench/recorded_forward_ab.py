@@ -30,7 +30,7 @@ from postrl.accel.recorded import parameter_versions
 
 def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32",
            regime=None, record_share: float | None = None) -> None:
-    from ab import ResidentPeak, alternating, from_one_state  # bench/, this script's directory
+    from ab import alternating, from_one_state  # bench/, this script's directory
     from vs_trl import postrl_config
 
     from postrl.accel import decoding
@@ -43,7 +43,7 @@ def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32
     assert trainer.engine.record_forward
     original = trainer._update
     totals: dict[bool, list[float]] = {True: [], False: []}
-    memory, peaks = ResidentPeak(), {True: 0.0, False: 0.0}
+    peaks = {True: 0.0, False: 0.0}
     label = "compiled, mult. s" if compiled else "multiplies s"
     print(f"{'step':>4}{'tokens':>8}{label:>19}{'reads record s':>16}{'ratio':>7}")
 
@@ -56,15 +56,11 @@ def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32
             # the untimed warm-up takes the way that compiles, if any
             multiplies = read is False or (read is None and compiled)
             trainer.cfg.torch_compile = compiled and multiplies
-            memory.reset()
-            metrics = original(dataclasses.replace(batch, recorded=None) if multiplies else batch)
-            if read is not None:
-                peaks[read] = max(peaks[read], memory.peak)
-            return metrics
+            return original(dataclasses.replace(batch, recorded=None) if multiplies else batch)
 
         # the process's first update warms up (allocations, kernels)
         ways = alternating(reps) if totals[True] else [None, *alternating(reps)]
-        times, metrics = from_one_state(trainer, run, ways)
+        times, metrics = from_one_state(trainer, run, ways, peaks)
         plain, recorded = (statistics.median(times[way]) for way in (False, True))
         totals[False].append(plain)
         totals[True].append(recorded)

@@ -15,7 +15,6 @@ Prints each way's median seconds and the most resident memory seen during its ru
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 from postrl.models import logprobs, vocab
@@ -39,7 +38,7 @@ def parse_ways(text: str) -> list[tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ab import ResidentPeak, from_one_state  # bench/, this script's directory
+    from ab import from_one_state, runs_text  # bench/, this script's directory
     from regimes import GSM8K, REGIMES, parse_regimes
     from vs_trl import postrl_config
 
@@ -59,27 +58,22 @@ def main(argv: list[str] | None = None) -> None:
     config.model = args.model
     trainer = Trainer(config)
     defaults = logprobs.HEAD_CHUNK_TOKENS, vocab.BLOCK_ELEMENTS
-    update, memory, peaks = trainer._update, ResidentPeak(), {}
+    update = trainer._update
 
     def every_way(batch):
         def run(way):
             tokens, elements = way or defaults
             logprobs.HEAD_CHUNK_TOKENS = tokens
             vocab.BLOCK_ELEMENTS = elements or 2**62
-            memory.reset()
-            metrics = update(batch)
-            if way is not None:
-                peaks[way] = max(peaks.get(way, 0.0), memory.peak)
-            return metrics
+            return update(batch)
 
         order = [way for r in range(args.reps) for way in (ways if r % 2 == 0 else ways[::-1])]
-        times, metrics = from_one_state(trainer, run, [None, *order])
+        peaks = {}
+        times, metrics = from_one_state(trainer, run, [None, *order], peaks)
         logprobs.HEAD_CHUNK_TOKENS, vocab.BLOCK_ELEMENTS = defaults
         for way in ways:
-            print(f"{way[0]:>6} tokens, blocks of {way[1] or 'all':>8}: update "
-                  f"{statistics.median(times[way]):.2f} s (runs: "
-                  f"{', '.join(f'{t:.2f}' for t in times[way])}), resident peak "
-                  f"{peaks[way]:.0f} MB", flush=True)
+            print(f"{way[0]:>6} tokens, blocks of {way[1] or 'all':>8}: "
+                  f"{runs_text(times[way], peaks[way])}", flush=True)
         return metrics
 
     trainer._update = every_way
