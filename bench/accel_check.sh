@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# postrl's CPU backend (postrl/accel/) on a CPU with AVX-512, where its native kernels build:
+# postrl's CPU backend (postrl/accel/) on a CPU where its native kernels build (AVX-512, or AVX2):
 # the CPU's features, then the backend's tests and the tests of what it serves (the training
 # forward, the sampler, the update reading the sampler's record), each against PyTorch's path.
-# On a machine without AVX-512 they skip; this is for one that has it (a GPU host's CPU, say).
+# Where they cannot build they skip; on AVX2 the kernels run as AVX-512's intrinsics emulated by
+# pairs of AVX2 registers (csrc/avx2.h), so run it on an AVX-512 CPU (a GPU host's, say) too.
 # Needs: python3 with torch, transformers, peft, pytest, hypothesis; no network; the tokenizer
 # as bench/gpu_check.sh finds it (.gpu_check_tokenizer/, from bench/gpu_check_prepare.sh).
 # Usage: bash bench/accel_check.sh [pytest args]    the log goes to $OUT (if set)

@@ -28,10 +28,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import types
 
 from postrl.accel import fused, tile_attention, tiles, vocab
 from postrl.accel.recorded import parameter_versions
+from postrl.models import ops
 
 PARTS = ("norm_mlp", "vocab", "attention", "rotate")  # "all"; the tiles' parts alone
 
@@ -39,12 +39,12 @@ PARTS = ("norm_mlp", "vocab", "attention", "rotate")  # "all"; the tiles' parts 
 def switches(parts: tuple[str, ...]):
     """``switch(on)``: ``parts``' kernels on, or PyTorch's operations in their place."""
     kept = {"rms_norm": fused.rms_norm, "swiglu": fused.swiglu, "rotate": fused.rotate,
-            "fuses_attention": fused.fuses_attention, "vocab": vocab.fused,
+            "fuses_attention": fused.fuses_attention, "vocab": vocab.serves,
             "tiles": tiles.kernels, "tile_attention": tile_attention.serves,
             "tile_groups": tiles.serves_together}
-    off = {"rms_norm": fused.torch_rms_norm, "swiglu": fused.torch_swiglu,
-           "rotate": fused.torch_rotate, "fuses_attention": lambda *args: False,
-           "vocab": types.SimpleNamespace(native=lambda *tensors: None),
+    off = {"rms_norm": ops.rms_norm, "swiglu": ops.swiglu,
+           "rotate": ops.rotate, "fuses_attention": lambda *args: False,
+           "vocab": lambda *tensors: False,
            "tiles": lambda *tensors: None, "tile_attention": lambda *tensors: False,
            "tile_groups": lambda *tensors: False}
     names = {"norm_mlp": ("rms_norm", "swiglu"), "attention": ("fuses_attention",),
@@ -56,7 +56,7 @@ def switches(parts: tuple[str, ...]):
             for name in names[part]:
                 value = (kept if on else off)[name]
                 if name == "vocab":
-                    vocab.fused = value
+                    vocab.serves = value
                 elif name == "tiles":
                     tiles.kernels = value
                 elif name == "tile_attention":

@@ -29,17 +29,17 @@ import time
 
 import torch
 
+from postrl import accel
 from postrl.accel import lean_weights, native
-from postrl.rollout import sampling
 
 
 def switches(part: str):
     """``switch(on)`` for ``part``: the native way on or off."""
     if part == "draw":
-        kernels = sampling.native_kernels
+        draws = accel.AccelBackend.draws
 
         def draw(on: bool) -> None:
-            sampling.native_kernels = kernels if on else (lambda: None)
+            accel.AccelBackend.draws = draws if on else (lambda self, logits: False)
         return draw
     if part == "linears":
         kernels = native.native_kernels()
@@ -77,8 +77,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=8, help="calls each way")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))
     args = parser.parse_args()
-    if sampling.native_kernels() is None:
-        raise SystemExit("the native kernels are not available here")
+    if native.native_kernels() is None:
+        raise SystemExit(f"the native kernels are not available: {native.unavailable_reason()}")
     own_bf16 = native.native_kernels().bf16_linears
     if args.part == "layers" and args.precision != "fp32" and not own_bf16:
         raise SystemExit("--part layers: a bf16 decode step runs in one call with postrl's "

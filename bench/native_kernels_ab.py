@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from postrl.accel import lean_weights, native
+from postrl.accel import lean_weights, library, native
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
     rollouts = engine.generate(prompts, GROUP, trainer.sampling, seed=0)
     times = {way: {"pack": [], "decode": [], "both": []} for way in (False, True)}
     for way in alternating(args.reps):
-        os.environ[native.SWITCH] = "1" if way else "0"
+        os.environ[library.SWITCH] = "1" if way else "0"
         start = time.perf_counter()
         weights = lean_weights.LeanWeights.of(trainer.lm, torch.float32, len(rollouts.lengths))
         packed = time.perf_counter()

@@ -6,7 +6,9 @@ state.
                                    [--reps 2]
 
 Each way is ``tokens:elements``: ``logprobs.HEAD_CHUNK_TOKENS`` (scored tokens per pass) and
-``vocab.BLOCK_ELEMENTS`` (the largest temporary the entropy makes, 0: the whole chunk's). The
+``vocab.BLOCK_ELEMENTS`` (the largest temporary the entropy makes, 0: the whole chunk's; only
+where PyTorch's operations compute the vocabulary, i.e. without the native kernels'
+``vocab.c``: ``POSTRL_NATIVE_KERNELS=0``). The
 first step of ``bench/vs_trl.py``'s postrl run at the regime generates a batch; its update
 runs once untimed, then ``reps`` rounds of every way (the order reversed every other round).
 Prints each way's median seconds and the most resident memory seen during its runs.

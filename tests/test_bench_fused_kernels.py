@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from postrl.accel import fused, native, tiles, vocab
-from postrl.models import layers
+from postrl.models import backend, layers, ops
 from tests.bench_scripts import load_bench_script
 
 
@@ -21,14 +21,14 @@ def test_each_part_switches_off_and_on(part):
     targets = torch.tensor([1, 2, 3])
 
     def kernels_on() -> dict[str, bool]:
-        logp, _ = vocab.logprob_and_entropy(logits, targets)
+        logp, _ = backend.active().logprob_and_entropy(logits, targets, 1.0, False, False)
         angles = torch.ones(2, 1, 4, 8)
         return {"norm_mlp": fused.rms_norm(x, weight, 1e-5).grad_fn.name() == "_RMSNormBackward",
                 "rotate": fused.rotate(query.requires_grad_(), angles, angles).grad_fn.name()
                 == "_RotateBackward",
                 "attention": fused.fuses_attention(query, bias, 5),
                 "vocab": logp.grad_fn.name() == "_LogProbEntropyBackward"
-                and vocab.fused.native(logits) is not None}
+                and vocab.serves(logits, targets)}
 
     assert all(kernels_on().values())
     switch(False)
@@ -49,7 +49,7 @@ def test_the_tiles_part_switches_the_backwards_amx_products_off_and_on():
     assert tiles.kernels(rows) is not None
     switch(False)
     try:
-        assert tiles.kernels(rows) is None and fused.rms_norm is not fused.torch_rms_norm
+        assert tiles.kernels(rows) is None and fused.rms_norm is not ops.rms_norm
     finally:
         switch(True)
     assert tiles.kernels(rows) is not None

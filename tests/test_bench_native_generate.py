@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from postrl.accel import lean_weights, native
-from postrl.rollout import sampling
+from postrl.models import backend
 from tests.bench_scripts import load_bench_script
 
 needs_native = pytest.mark.skipif(native.native_kernels() is None, reason="no native kernels")
@@ -36,15 +36,17 @@ def test_draw_and_layers_switch_off_and_on(tiny):
     model, _ = tiny
     bench = load_bench_script("native_generate_ab")
     draw, layers = bench.switches("draw"), bench.switches("layers")
+    logits = torch.zeros(2, 8)
+    assert backend.active().draws(logits)
     draw(False)
     layers(False)
     try:
-        assert sampling.native_kernels() is None
+        assert not backend.active().draws(logits)
         assert lean_weights.LeanWeights.of(model, torch.float32, rows=2).pointers is None
     finally:
         draw(True)
         layers(True)
-    assert sampling.native_kernels() is not None
+    assert backend.active().draws(logits)
     assert lean_weights.LeanWeights.of(model, torch.float32, rows=2).pointers is not None
 
 

@@ -10,6 +10,7 @@ from tests.bench_scripts import load_bench_script
 def test_every_way_runs_with_its_sizes_and_the_defaults_are_restored(monkeypatch, capsys,
                                                                     tmp_path):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("POSTRL_NATIVE_KERNELS", "0")  # blocks: PyTorch's vocabulary pass
     seen = []
     real = vocab._blocks
     monkeypatch.setattr(vocab, "_blocks", lambda z: seen.append(

@@ -6,7 +6,7 @@ length), a copy of keys and values repeated over each group's query heads (eager
 and seven separately dispatched matmuls per layer whose weights oneDNN reorders at every call.
 Here, once per ``generate`` call (``postrl.accel.lean_weights``), the projections are fused
 (q|k|v, gate|up), cast to the sampling dtype and reordered into oneDNN's blocked layout (on a
-CPU with AVX-512, packed for postrl's own kernels instead, :mod:`postrl.accel.native`: in
+CPU with AVX-512 or AVX2, packed for postrl's own kernels instead, :mod:`postrl.accel.native`: in
 float32, and in bf16 where the CPU has AMX tiles or AVX512-BF16; they run all of a step's
 layers in one call once each row holds its own cache, and on such a CPU a step's work between
 the linears is postrl's kernels in bf16 too); the cache is allocated once for the whole response,
@@ -334,7 +334,7 @@ def _decode_native(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Te
 # (decode steps alternated in one process, docs/performance-log.md).
 SHARE_PROMPTS_FROM = 64
 # The same where the per-row layout's decode steps run in one call of postrl's kernels
-# (float32 on an AVX-512 CPU, bf16 too on one with AMX or AVX512-BF16): sharing (PyTorch's
+# (float32 on an AVX-512 or AVX2 CPU, bf16 too on one with AMX or AVX512-BF16): sharing (PyTorch's
 # attention in two parts, the layer loop) then pays only for long prompts. Measured on the AMX
 # machine (SmolLM2, 4 GSM8K prompts x 8, whole `generate` calls alternated in one process),
 # per-row against shared: 56-96 tokens 0.79 (bf16) and 0.86 (fp32), 179-250 tokens 1.00 and

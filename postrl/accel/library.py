@@ -5,9 +5,9 @@ Every kernel binds here, with its argument types; :class:`postrl.accel.native.Na
 (the sampler's), :mod:`postrl.accel.fused` and :mod:`postrl.accel.vocab` (the training
 forward's element-wise work) and :mod:`postrl.accel.tiles` (bf16 products on AMX tiles) call
 them through :func:`library`. It is None, and the backend keeps PyTorch's and oneDNN's
-kernels, where the CPU has no AVX-512F, no compiler is found or the build fails, loading it
-would bring a second OpenMP runtime next to PyTorch's, or ``POSTRL_NATIVE_KERNELS=0``;
-:func:`unavailable_reason` says which.
+kernels, where the CPU has neither AVX-512F nor AVX2 with FMA, no compiler is found or the
+build fails, loading it would bring a second OpenMP runtime next to PyTorch's, or
+``POSTRL_NATIVE_KERNELS=0``; :func:`unavailable_reason` says which.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from postrl.accel import fused, library, native
+from postrl.models import ops
 
 needs_native = pytest.mark.skipif(native.native_kernels() is None,
                                   reason=f"no native kernels: {native.unavailable_reason()}")
@@ -201,7 +202,7 @@ def test_rotate_matches_pytorch(dtype, dim, tied):
     # which the kernel rounds once (PyTorch's bf16 operations round each product on the way)
     exact = torch.float32 if dtype == torch.float32 else torch.float64
     expected, (ed,) = gradients(
-        lambda t: fused.torch_rotate(heads_of(t), cos.to(exact), sin.to(exact)),
+        lambda t: ops.rotate(heads_of(t), cos.to(exact), sin.to(exact)),
         (flat.to(exact),), grad.to(exact))
     tolerance = ({"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32
                  else {"rtol": 2 ** -8, "atol": 1e-6})

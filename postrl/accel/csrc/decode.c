@@ -1,6 +1,6 @@
-/* postrl's decode-step kernels for the lean sampler, AVX-512, float32 or bf16 (`bf16`: every
- * tensor of a call in bf16, the arithmetic in float32): everything a decoder layer does
- * between its linears.
+/* postrl's decode-step kernels for the lean sampler, AVX-512 (or AVX2), float32 or bf16
+ * (`bf16`: every tensor of a call in bf16, the arithmetic in float32): everything a decoder
+ * layer does between its linears.
  *
  * Between its linears, a decode step runs small operations on a few rows: PyTorch spends more
  * on dispatching them than on their arithmetic (docs/performance-log.md). Here each is one

@@ -1,7 +1,7 @@
 /* The training forward's RMSNorm, SiLU(gate) * up, rotary embedding and the attention's
- * scaled, biased softmax, forward and backward, in float32 or bf16, AVX-512: one pass over a
- * row where PyTorch runs several operations, each of which reads and writes the whole
- * micro-batch (and, in bf16, rounds and converts between them).
+ * scaled, biased softmax, forward and backward, in float32 or bf16, AVX-512 (or AVX2): one
+ * pass over a row where PyTorch runs several operations, each of which reads and writes the
+ * whole micro-batch (and, in bf16, rounds and converts between them).
  *
  * The maths is transformers' (postrl/models/layers.py): RMSNorm normalises in float32 and
  * rounds the normalised row to the input's dtype before multiplying by the weight; SiLU's

@@ -1,4 +1,4 @@
-/* postrl's float32 linear layer for the lean sampler: y = x W^T (+ b), AVX-512.
+/* postrl's float32 linear layer for the lean sampler: y = x W^T (+ b), AVX-512 or AVX2.
  *
  * A decode step multiplies a few rows (1 to 32) by every weight of the model, once. At these
  * row counts the multiplication is bound by streaming the weights from memory as much as by
@@ -6,8 +6,9 @@
  * and about 0.7 of its read rate at 8 (docs/performance.md). Here the weight is packed once per
  * `generate` into panels of 32 output columns stored k-major, so that a panel is one
  * sequential stream; each panel is multiplied by blocks of at most 14 rows held in 28 vector
- * accumulators, and the next panel is prefetched while the blocks run, each block its share,
- * so that reading the weights overlaps the arithmetic.
+ * accumulators (3 rows on AVX2, whose 16-float vectors take two of its 16 registers), and the
+ * next panel is prefetched while the blocks run, each block its share, so that reading the
+ * weights overlaps the arithmetic.
  *
  * Built by postrl.accel.native on first use (-O3 -march=native -fopenmp); it shares
  * PyTorch's OpenMP runtime, whose thread count the caller passes.
@@ -16,8 +17,15 @@
 
 #include "simd.h"
 
-#define NR 32     /* output columns per panel: two 16-float vectors */
+#define NR 32 /* output columns per panel: two 16-float vectors */
+#ifdef __AVX512F__
 #define MR_MAX 14 /* rows per block: 2 * 14 accumulators + 2 weight vectors of 32 registers */
+#else
+#ifndef MR_AVX2
+#define MR_AVX2 3
+#endif
+#define MR_MAX MR_AVX2 /* AVX2 (avx2.h): a vector is 2 of 16 registers, 4 per row */
+#endif
 
 /* Panel p holds columns 32p..32p+31 of W [n, k] (row-major), k-major:
  * packed[(p * k + kk) * 32 + j] = W[32p + j, kk]; columns past n are zeros. */
@@ -75,7 +83,7 @@ BLOCK(8) BLOCK(9) BLOCK(10) BLOCK(11) BLOCK(12) BLOCK(13) BLOCK(14)
 
 typedef void (*block_fn)(const float *, int64_t, const float *, int64_t, const float *, float *,
                          int64_t, int64_t, const float *, int64_t);
-static const block_fn BLOCKS[MR_MAX + 1] = {
+static const block_fn BLOCKS[15] = {
     NULL, block1, block2, block3, block4, block5, block6, block7,
     block8, block9, block10, block11, block12, block13, block14};
 

@@ -1,5 +1,6 @@
-/* postrl's sampling step, AVX-512: a token from each row's temperature-scaled logits, drawn
- * by inversion from that row's uniform, with its log-probability and the row's entropy.
+/* postrl's sampling step, AVX-512 (or AVX2): a token from each row's temperature-scaled
+ * logits, drawn by inversion from that row's uniform, with its log-probability and the row's
+ * entropy.
  *
  * PyTorch takes a softmax, a float64 cumulative sum and a search over the whole vocabulary,
  * each a pass writing a row's worth of memory (docs/performance-log.md). Here each row is three passes over

@@ -1,14 +1,19 @@
-/* What postrl's native kernels share: AVX-512F, lane masks, the exponential, and loads and
- * stores of float32 or bf16 values (the training kernels, postrl/accel/csrc/fused.c and vocab.c). */
+/* What postrl's native kernels share: AVX-512F (or its emulation by AVX2, avx2.h), lane masks,
+ * the exponential, and loads and stores of float32 or bf16 values (the training kernels,
+ * postrl/accel/csrc/fused.c and vocab.c). */
 #ifndef POSTRL_SIMD_H
 #define POSTRL_SIMD_H
 
-#ifndef __AVX512F__
-#error "postrl's native kernels need AVX-512F"
-#endif
-
 #include <immintrin.h>
 #include <stdint.h>
+
+#ifndef __AVX512F__
+#if defined(__AVX2__) && defined(__FMA__)
+#include "avx2.h"
+#else
+#error "postrl's native kernels need AVX-512F, or AVX2 and FMA"
+#endif
+#endif
 
 /* The first `count` of 16 lanes (all of them from 16, none below 1). */
 static inline __mmask16 lanes(int64_t count) {

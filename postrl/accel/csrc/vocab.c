@@ -1,5 +1,5 @@
 /* The log-probability of each token and the entropy of its next-token distribution, from
- * logits over the whole vocabulary, forward and backward, float32 or bf16 logits, AVX-512
+ * logits over the whole vocabulary, forward and backward, float32 or bf16 logits, AVX-512 (or AVX2)
  * (postrl/models/vocab.py holds the maths and PyTorch's version of it).
  *
  * With z = logit / temperature, lse = log sum_j e^z_j, p = e^(z - lse):
@@ -55,7 +55,7 @@ static void forward_row(const void *row, int64_t vocab, int64_t target, float in
         weighted += widened(products);
     }
     double log_total = (double)top + log(total);
-    float zy = scaled(row, target, target + 1, inverse, bf16)[0];
+    float zy = _mm512_cvtss_f32(scaled(row, target, target + 1, inverse, bf16));
     *lse = (float)log_total;
     *logp = (float)((double)zy - log_total);
     if (entropy) *entropy = (float)(log_total - weighted / total);
