@@ -4,7 +4,7 @@ alternated in one process from the same weights and optimizer state.
     python bench/fused_kernels_ab.py --part norm_mlp|vocab|attention|rotate|all
                                             |tiles|tile_attention|tile_groups
                                      [--steps 3] [--reps 5] [--precision fp32|bf16-master]
-                                     [--multiply]
+                                     [--multiply] [--regime short|gsm8k-256|gsm8k-1024]
 
 ``norm_mlp``: RMSNorm and SiLU(gate) * up (``postrl/accel/csrc/fused.c``); ``vocab``: the
 log-probability and entropy over the vocabulary (``postrl/accel/csrc/vocab.c``); ``attention``:
@@ -21,6 +21,8 @@ postrl run (SmolLM2, 4 prompts x 8, 64 new tokens, reading the sampler's record)
 step's update runs ``reps`` times each way (ABBA order, after an untimed warm-up), and the
 line gives the medians and their ratio. The steps before it train with the kernels on.
 ``--multiply``: the update multiplies its own forward (``reuse_sampler_forward=false``).
+``--regime``: ``bench/regimes.py``'s (GSM8K at 256 or 1,024 new tokens, where the sampler's
+record may not fit in its share of the memory: the line says whether the update read it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+from pathlib import Path
 
 from postrl.accel import fused, tile_attention, tiles, vocab
 from postrl.accel.recorded import parameter_versions
@@ -70,6 +73,7 @@ def switches(parts: tuple[str, ...]):
 
 def main() -> None:
     from ab import alternating, from_one_state  # bench/, this script's directory
+    from regimes import GSM8K, parse_regimes
     from vs_trl import postrl_config
 
     from postrl.accel.native import native_kernels, unavailable_reason
@@ -83,11 +87,14 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-master"))
     parser.add_argument("--multiply", action="store_true",
                         help="the update multiplies its forward (no record of the sampler's)")
+    parser.add_argument("--regime", default="short", help="bench/regimes.py's regime")
+    parser.add_argument("--gsm8k", default=str(GSM8K), help="GSM8K's train.jsonl")
     args = parser.parse_args()
     if native_kernels() is None:
         raise SystemExit(f"the native kernels are not available here: {unavailable_reason()}")
     switch = switches(PARTS if args.part == "all" else (args.part,))
-    config = postrl_config(args.steps, seed=0, precision=args.precision)
+    regime = parse_regimes(args.regime, Path(args.gsm8k))[0]
+    config = postrl_config(args.steps, seed=0, precision=args.precision, regime=regime)
     trainer = Trainer(dataclasses.replace(config, reuse_sampler_forward=not args.multiply))
     original = trainer._update
 
@@ -106,8 +113,8 @@ def main() -> None:
 
         times, metrics = from_one_state(trainer, run, [None, *alternating(args.reps)])
         without, fused_ = (statistics.median(times[way]) for way in (False, True))
-        forward = "multiplying its forward" if args.multiply else "reading the record"
-        print(f"update ({args.precision}, {forward}), {args.part}, "
+        forward = "multiplying its forward" if batch.recorded is None else "reading the record"
+        print(f"update ({args.regime}, {args.precision}, {forward}), {args.part}, "
               f"{int(batch.lengths.sum())} tokens, "
               f"medians of {args.reps} each way: PyTorch's {without:.3f} s, fused "
               f"{fused_:.3f} s ({fused_ / without:.3f})")
