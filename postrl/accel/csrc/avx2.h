@@ -5,11 +5,13 @@
  * After <immintrin.h>, the names are redefined as macros: `__m512` becomes a struct of two
  * `__m256` halves (lanes 0-7, 8-15) and each `_mm512_*` a function on the halves, with the
  * instruction's result lane for lane. A kernel that uses an intrinsic missing here fails to
- * build (GCC's own takes a vector, not the struct), and the library is then not used. Only the
- * forms the kernels use are here: `roundscale` with a scale of 0, `scalef` for the exponents
- * exp16 gives it (|n| <= 127 and a normal result), `rcp14` as AVX's 12-bit estimate refined
- * by one Newton step (more precise than the 14-bit one it stands for). Masked loads and stores
- * of all 16 lanes take the plain instructions: AMD's masked stores are microcoded.
+ * build (GCC's own takes a vector, not the struct; tests/accel/test_build_targets.py compiles
+ * this target on any CPU). Only the forms the kernels use are here: `roundscale` with a scale
+ * of 0, `scalef` for the exponents exp16 gives it (|n| <= 127 and a normal result), `rcp14` as
+ * AVX's 12-bit estimate refined by one Newton step (more precise than the 14-bit one it stands
+ * for), `cvtepi32_epi16` of values below 2^16. Those taking an immediate rely on the -O3 the
+ * library is built with, as GCC's own do: inlined, the immediate is a constant. Masked loads
+ * and stores of all 16 lanes take the plain instructions: AMD's masked stores are microcoded.
  */
 #ifndef POSTRL_AVX2_H
 #define POSTRL_AVX2_H
@@ -126,9 +128,11 @@ P2 void p2_mask_storeu_ps(void *p, __mmask16 m, __m512 v) {
 #define _mm512_mask_storeu_ps p2_mask_storeu_ps
 
 /* masks: comparisons into them, selections by them */
-#define _mm512_cmp_ps_mask(a, b, imm)                                                     \
-    ((__mmask16)(_mm256_movemask_ps(_mm256_cmp_ps((a).lo, (b).lo, imm))                   \
-                 | (_mm256_movemask_ps(_mm256_cmp_ps((a).hi, (b).hi, imm)) << 8)))
+P2 __mmask16 p2_cmp_ps_mask(__m512 a, __m512 b, const int imm) { /* imm: a constant */
+    return (__mmask16)(_mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, imm))
+                       | _mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, imm)) << 8);
+}
+#define _mm512_cmp_ps_mask p2_cmp_ps_mask
 P2 __m512 p2_mask_mov_ps(__m512 src, __mmask16 m, __m512 v) {
     return (__m512){p2_blend(src.lo, v.lo, P2_LO(m)), p2_blend(src.hi, v.hi, P2_HI(m))};
 }
