@@ -5,8 +5,9 @@ nothing), and on again, by the kernels."""
 import pytest
 import torch
 
+from postrl import accel
 from postrl.accel import fused, native, tiles, vocab
-from postrl.models import backend, layers, ops
+from postrl.models import layers, ops
 from tests.bench_scripts import load_bench_script
 
 
@@ -21,7 +22,7 @@ def test_each_part_switches_off_and_on(part):
     targets = torch.tensor([1, 2, 3])
 
     def kernels_on() -> dict[str, bool]:
-        logp, _ = backend.active().logprob_and_entropy(logits, targets, 1.0, False, False)
+        logp, _ = accel.backend().logprob_and_entropy(logits, targets, 1.0, False, False)
         angles = torch.ones(2, 1, 4, 8)
         return {"norm_mlp": fused.rms_norm(x, weight, 1e-5).grad_fn.name() == "_RMSNormBackward",
                 "rotate": fused.rotate(query.requires_grad_(), angles, angles).grad_fn.name()

@@ -5,8 +5,8 @@ with it."""
 import pytest
 import torch
 
+from postrl import accel
 from postrl.accel import lean_weights, native
-from postrl.models import backend
 from tests.bench_scripts import load_bench_script
 
 needs_native = pytest.mark.skipif(native.native_kernels() is None, reason="no native kernels")
@@ -37,16 +37,16 @@ def test_draw_and_layers_switch_off_and_on(tiny):
     bench = load_bench_script("native_generate_ab")
     draw, layers = bench.switches("draw"), bench.switches("layers")
     logits = torch.zeros(2, 8)
-    assert backend.active().draws(logits)
+    assert accel.backend().draws(logits)
     draw(False)
     layers(False)
     try:
-        assert not backend.active().draws(logits)
+        assert not accel.backend().draws(logits)
         assert lean_weights.LeanWeights.of(model, torch.float32, rows=2).pointers is None
     finally:
         draw(True)
         layers(True)
-    assert backend.active().draws(logits)
+    assert accel.backend().draws(logits)
     assert lean_weights.LeanWeights.of(model, torch.float32, rows=2).pointers is not None
 
 

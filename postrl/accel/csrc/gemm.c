@@ -21,7 +21,7 @@
 #ifdef __AVX512F__
 #define MR_MAX 14 /* rows per block: 2 * 14 accumulators + 2 weight vectors of 32 registers */
 #else
-#ifndef MR_AVX2
+#ifndef MR_AVX2 /* -DMR_AVX2=N: to measure another blocking on another AVX2 CPU */
 #define MR_AVX2 3
 #endif
 #define MR_MAX MR_AVX2 /* AVX2 (avx2.h): a vector is 2 of 16 registers, 4 per row */
