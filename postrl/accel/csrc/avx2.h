@@ -39,15 +39,23 @@ P2 __m256 p2_blend(__m256 a, __m256 b, __m256i mask) { /* b where mask, else a *
     return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(mask));
 }
 
+/* An AVX2 operation on each half: of one pair (converting its type), two or three. */
+#define P2_UNARY(out, in, name, op) \
+    P2 out name(in v) { return (out){op(v.lo), op(v.hi)}; }
+#define P2_BINARY(type, name, op) \
+    P2 type name(type a, type b) { return (type){op(a.lo, b.lo), op(a.hi, b.hi)}; }
+#define P2_TERNARY(type, name, op)                                                       \
+    P2 type name(type a, type b, type c) {                                               \
+        return (type){op(a.lo, b.lo, c.lo), op(a.hi, b.hi, c.hi)};                       \
+    }
+
 /* float32 arithmetic, lane for lane */
-#define P2_BINARY(name, op)                                                        \
-    P2 __m512 name(__m512 a, __m512 b) { return (__m512){op(a.lo, b.lo), op(a.hi, b.hi)}; }
-P2_BINARY(p2_add_ps, _mm256_add_ps)
-P2_BINARY(p2_sub_ps, _mm256_sub_ps)
-P2_BINARY(p2_mul_ps, _mm256_mul_ps)
-P2_BINARY(p2_div_ps, _mm256_div_ps)
-P2_BINARY(p2_max_ps, _mm256_max_ps)
-P2_BINARY(p2_min_ps, _mm256_min_ps)
+P2_BINARY(__m512, p2_add_ps, _mm256_add_ps)
+P2_BINARY(__m512, p2_sub_ps, _mm256_sub_ps)
+P2_BINARY(__m512, p2_mul_ps, _mm256_mul_ps)
+P2_BINARY(__m512, p2_div_ps, _mm256_div_ps)
+P2_BINARY(__m512, p2_max_ps, _mm256_max_ps)
+P2_BINARY(__m512, p2_min_ps, _mm256_min_ps)
 #define _mm512_add_ps p2_add_ps
 #define _mm512_sub_ps p2_sub_ps
 #define _mm512_mul_ps p2_mul_ps
@@ -59,13 +67,9 @@ P2 __m512 p2_set1_ps(float x) { return (__m512){_mm256_set1_ps(x), _mm256_set1_p
 #define _mm512_set1_ps p2_set1_ps
 P2 __m512 p2_setzero_ps(void) { return (__m512){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 #define _mm512_setzero_ps p2_setzero_ps
-P2 __m512 p2_fmadd_ps(__m512 a, __m512 b, __m512 c) {
-    return (__m512){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
-}
+P2_TERNARY(__m512, p2_fmadd_ps, _mm256_fmadd_ps)
 #define _mm512_fmadd_ps p2_fmadd_ps
-P2 __m512 p2_fnmadd_ps(__m512 a, __m512 b, __m512 c) {
-    return (__m512){_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
-}
+P2_TERNARY(__m512, p2_fnmadd_ps, _mm256_fnmadd_ps)
 #define _mm512_fnmadd_ps p2_fnmadd_ps
 P2 __m512 p2_rcp14_ps(__m512 d) {
     const __m256 two = _mm256_set1_ps(2.0f);
@@ -155,38 +159,27 @@ P2 __m512 p2_mask3_fmadd_ps(__m512 a, __m512 b, __m512 c, __mmask16 m) {
 }
 #define _mm512_mask3_fmadd_ps p2_mask3_fmadd_ps
 
-/* across lanes */
-P2 float p2_reduce_add_ps(__m512 v) {
-    __m256 s8 = _mm256_add_ps(v.lo, v.hi);
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
+/* across lanes: the halves, then 128-bit lanes, pairs, the last two (op: add or max) */
+#define P2_REDUCE(name, op)                                                              \
+    P2 float name(__m512 v) {                                                            \
+        __m256 s8 = _mm256_##op##_ps(v.lo, v.hi);                                        \
+        __m128 s4 = _mm_##op##_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); \
+        __m128 s2 = _mm_##op##_ps(s4, _mm_movehl_ps(s4, s4));                            \
+        return _mm_cvtss_f32(_mm_##op##_ss(s2, _mm_movehdup_ps(s2)));                    \
+    }
+P2_REDUCE(p2_reduce_add_ps, add)
 #define _mm512_reduce_add_ps p2_reduce_add_ps
-P2 float p2_reduce_max_ps(__m512 v) {
-    __m256 s8 = _mm256_max_ps(v.lo, v.hi);
-    __m128 s4 = _mm_max_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    __m128 s2 = _mm_max_ps(s4, _mm_movehl_ps(s4, s4));
-    return _mm_cvtss_f32(_mm_max_ss(s2, _mm_movehdup_ps(s2)));
-}
+P2_REDUCE(p2_reduce_max_ps, max)
 #define _mm512_reduce_max_ps p2_reduce_max_ps
 P2 float p2_cvtss_f32(__m512 v) { return _mm256_cvtss_f32(v.lo); }
 #define _mm512_cvtss_f32 p2_cvtss_f32
-P2 __m512 p2_unpacklo_ps(__m512 a, __m512 b) {
-    return (__m512){_mm256_unpacklo_ps(a.lo, b.lo), _mm256_unpacklo_ps(a.hi, b.hi)};
-}
+P2_BINARY(__m512, p2_unpacklo_ps, _mm256_unpacklo_ps)
 #define _mm512_unpacklo_ps p2_unpacklo_ps
-P2 __m512 p2_unpackhi_ps(__m512 a, __m512 b) {
-    return (__m512){_mm256_unpackhi_ps(a.lo, b.lo), _mm256_unpackhi_ps(a.hi, b.hi)};
-}
+P2_BINARY(__m512, p2_unpackhi_ps, _mm256_unpackhi_ps)
 #define _mm512_unpackhi_ps p2_unpackhi_ps
-P2 __m512d p2_unpacklo_pd(__m512d a, __m512d b) {
-    return (__m512d){_mm256_unpacklo_pd(a.lo, b.lo), _mm256_unpacklo_pd(a.hi, b.hi)};
-}
+P2_BINARY(__m512d, p2_unpacklo_pd, _mm256_unpacklo_pd)
 #define _mm512_unpacklo_pd p2_unpacklo_pd
-P2 __m512d p2_unpackhi_pd(__m512d a, __m512d b) {
-    return (__m512d){_mm256_unpackhi_pd(a.lo, b.lo), _mm256_unpackhi_pd(a.hi, b.hi)};
-}
+P2_BINARY(__m512d, p2_unpackhi_pd, _mm256_unpackhi_pd)
 #define _mm512_unpackhi_pd p2_unpackhi_pd
 /* 128-bit lanes: two of a's (imm's low two fields), then two of b's */
 #define P2_PICK(v, lane) ((lane) < 2 ? (v).lo : (v).hi)
@@ -197,21 +190,13 @@ P2 __m512d p2_unpackhi_pd(__m512d a, __m512d b) {
               P2_HALF(b, ((imm) >> 4) & 3, ((imm) >> 6) & 3)})
 
 /* casts and conversions */
-P2 __m512d p2_castps_pd(__m512 v) {
-    return (__m512d){_mm256_castps_pd(v.lo), _mm256_castps_pd(v.hi)};
-}
+P2_UNARY(__m512d, __m512, p2_castps_pd, _mm256_castps_pd)
 #define _mm512_castps_pd p2_castps_pd
-P2 __m512 p2_castpd_ps(__m512d v) {
-    return (__m512){_mm256_castpd_ps(v.lo), _mm256_castpd_ps(v.hi)};
-}
+P2_UNARY(__m512, __m512d, p2_castpd_ps, _mm256_castpd_ps)
 #define _mm512_castpd_ps p2_castpd_ps
-P2 __m512i p2_castps_si512(__m512 v) {
-    return (__m512i){_mm256_castps_si256(v.lo), _mm256_castps_si256(v.hi)};
-}
+P2_UNARY(__m512i, __m512, p2_castps_si512, _mm256_castps_si256)
 #define _mm512_castps_si512 p2_castps_si512
-P2 __m512 p2_castsi512_ps(__m512i v) {
-    return (__m512){_mm256_castsi256_ps(v.lo), _mm256_castsi256_ps(v.hi)};
-}
+P2_UNARY(__m512, __m512i, p2_castsi512_ps, _mm256_castsi256_ps)
 #define _mm512_castsi512_ps p2_castsi512_ps
 P2 __m256 p2_castps512_ps256(__m512 v) { return v.lo; }
 #define _mm512_castps512_ps256 p2_castps512_ps256
@@ -222,9 +207,7 @@ P2 __m512d p2_cvtps_pd(__m256 v) {
                      _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))};
 }
 #define _mm512_cvtps_pd p2_cvtps_pd
-P2 __m512d p2_add_pd(__m512d a, __m512d b) {
-    return (__m512d){_mm256_add_pd(a.lo, b.lo), _mm256_add_pd(a.hi, b.hi)};
-}
+P2_BINARY(__m512d, p2_add_pd, _mm256_add_pd)
 #define _mm512_add_pd p2_add_pd
 P2 double p2_reduce_add_pd(__m512d v) {
     __m256d s4 = _mm256_add_pd(v.lo, v.hi);
@@ -238,13 +221,9 @@ P2 __m512i p2_set1_epi32(int x) {
     return (__m512i){_mm256_set1_epi32(x), _mm256_set1_epi32(x)};
 }
 #define _mm512_set1_epi32 p2_set1_epi32
-P2 __m512i p2_add_epi32(__m512i a, __m512i b) {
-    return (__m512i){_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
-}
+P2_BINARY(__m512i, p2_add_epi32, _mm256_add_epi32)
 #define _mm512_add_epi32 p2_add_epi32
-P2 __m512i p2_and_si512(__m512i a, __m512i b) {
-    return (__m512i){_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)};
-}
+P2_BINARY(__m512i, p2_and_si512, _mm256_and_si256)
 #define _mm512_and_si512 p2_and_si512
 #define _mm512_srli_epi32(v, n) \
     ((__m512i){_mm256_srli_epi32((v).lo, n), _mm256_srli_epi32((v).hi, n)})
