@@ -35,13 +35,21 @@ class Regime:
     max_new_tokens: int
     reward: str  # "math_answer" or "answer_closeness"
     steps: int  # timed steps per child by default: fewer where a step takes minutes
+    # TRL's rows per forward and backward (its per_device_train_batch_size; gradient
+    # accumulation makes up a step's 32): the most of 32's divisors whose rows, padded to the
+    # budget and a long prompt (GSM8K's: 42-253 tokens, median 86), hold no more tokens than
+    # postrl's micro-batches (vs_trl.MICRO_BATCH_TOKENS). All 32 rows at once at 256 new
+    # tokens do not fit TRL's backward in 24 GB.
+    trl_micro_batch: int = 32
     data: Path | None = None  # the task's data file (GSM8K's train.jsonl)
 
 
 REGIMES = {regime.name: regime for regime in (
     Regime("short", "arithmetic", 64, "math_answer", steps=3),
-    Regime("gsm8k-256", "gsm8k", 256, "answer_closeness", steps=2, data=GSM8K),
-    Regime("gsm8k-1024", "gsm8k", 1024, "answer_closeness", steps=1, data=GSM8K),
+    Regime("gsm8k-256", "gsm8k", 256, "answer_closeness", steps=2, trl_micro_batch=8,
+           data=GSM8K),
+    Regime("gsm8k-1024", "gsm8k", 1024, "answer_closeness", steps=1, trl_micro_batch=2,
+           data=GSM8K),
 )}
 SHORT = REGIMES["short"]
 

@@ -26,7 +26,9 @@ it: bf16 matmuls run there in generic fallback kernels, several times slower tha
 both frameworks.
 ``--postrl-compile`` runs postrl with ``torch_compile=true``: its layers compile during the
 untimed first step, whose time is printed too. postrl's rows per forward/backward
-(``--micro-batch-size``; TRL scores all 32 at once) default to :data:`MICRO_BATCH`.
+(``--micro-batch-size``) default to :data:`MICRO_BATCH`, TRL's (``--trl-micro-batch-size``,
+its gradients accumulated into one step) to the regime's: all 32 in ``short``, fewer where
+32 long rows do not fit (:func:`trl_batch`).
 
 Both train on the same prompts at every step: TRL gets postrl's sampled order, unshuffled,
 and each round's prompts are checked to be the same on both sides. Round ``r`` runs both with
@@ -49,6 +51,7 @@ training phase does not depend on their share and postrl's does.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -173,6 +176,17 @@ def run_postrl(steps: int, seed: int, run: Run) -> dict:
             "work": works[1:]}
 
 
+def trl_batch(run: Run) -> dict[str, int]:
+    """TRL's batch options: a step's 32 rows in micro-batches of the regime's
+    ``trl_micro_batch`` rows, their gradients accumulated into one optimizer step. TRL then
+    generates all 32 at once (its generation batch is the micro-batch times the accumulation
+    steps), uses them once, and divides each micro-batch's Dr. GRPO loss, sum / (rows *
+    max_completion_length), by the accumulation steps: the loss of all 32 rows at once."""
+    rows = run.regime.trl_micro_batch
+    return {"per_device_train_batch_size": rows,
+            "gradient_accumulation_steps": PROMPTS * GROUP // rows}
+
+
 def run_trl(steps: int, seed: int, run: Run) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -188,8 +202,7 @@ def run_trl(steps: int, seed: int, run: Run) -> dict:
     model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(path)
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=PROMPTS * GROUP,
-        num_generations=GROUP, gradient_accumulation_steps=1,
+        output_dir=tempfile.mkdtemp(), **trl_batch(run), num_generations=GROUP,
         max_completion_length=run.regime.max_new_tokens,
         learning_rate=LR, beta=0.0, loss_type="dr_grpo", scale_rewards="none", temperature=1.0,
         use_cpu=True, bf16=run.precision == "bf16", gradient_checkpointing=False,
@@ -261,6 +274,7 @@ def spawn(framework: str, steps: int, seed: int, run: Run, limit_gb: float) -> d
                       *(["--gsm8k", str(run.regime.data)] if run.regime.data else []),
                       *(["--micro-batch-size", str(run.micro_batch_size)]
                         if run.micro_batch_size else []),
+                      "--trl-micro-batch-size", str(run.regime.trl_micro_batch),
                       "--precisions", run.precision,
                       *(["--postrl-compile"] if run.compile_layers else [])],
                      limit_gb, f"{framework} ({run.regime.name}, {run.precision})")
@@ -316,6 +330,19 @@ def compare(regime: Regime, precision: str, args, skipped: dict[str, str]
     return runs
 
 
+def regimes(args) -> list[Regime]:
+    """The regimes ``args`` names, TRL's micro-batches resized by ``--trl-micro-batch-size``;
+    SystemExit for a size that does not divide a step's rows."""
+    chosen = parse_regimes(args.regimes, Path(args.gsm8k))
+    rows = args.trl_micro_batch_size
+    if rows is None:
+        return chosen
+    if rows < 1 or (PROMPTS * GROUP) % rows:
+        raise SystemExit(f"--trl-micro-batch-size {rows}: must divide a step's "
+                         f"{PROMPTS * GROUP} rows")
+    return [dataclasses.replace(r, trl_micro_batch=rows) for r in chosen]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regimes", default=",".join(REGIMES),
@@ -328,8 +355,12 @@ def main() -> None:
                         help="settings to run (default fp32,bf16; fp32 alone on a CPU without "
                              "fast bf16 matmuls, where bf16 is no one's fastest setting)")
     parser.add_argument("--micro-batch-size", type=int, default=None,
-                        help="postrl's rows per forward/backward (TRL scores all 32 at once; "
-                             "default: 16 in fp32, 32 in bf16)")
+                        help="postrl's rows per forward/backward (default: 16 in fp32, 32 in "
+                             "bf16; and at most 4,096 tokens)")
+    parser.add_argument("--trl-micro-batch-size", type=int, default=None,
+                        help="TRL's rows per forward/backward, gradients accumulated over a "
+                             "step's 32 (default: the regime's, " + ", ".join(
+                                 f"{r.name} {r.trl_micro_batch}" for r in REGIMES.values()) + ")")
     parser.add_argument("--postrl-bf16", default="bf16-master", choices=("bf16", "bf16-master"),
                         help="postrl's precision in the bf16 setting (TRL autocasts)")
     parser.add_argument("--postrl-compile", action="store_true",
@@ -343,10 +374,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         child(args.child, args.steps, args.seed,
-              Run(parse_regimes(args.regimes, Path(args.gsm8k))[0], args.precisions,
-                  args.micro_batch_size, args.postrl_compile))
+              Run(regimes(args)[0], args.precisions, args.micro_batch_size,
+                  args.postrl_compile))
         return
-    regimes = parse_regimes(args.regimes, Path(args.gsm8k))  # a missing file: before any run
+    chosen = regimes(args)  # a missing file or a wrong size: before any run
     if args.precisions is None:
         slow = cpu_bf16_reason()
         args.precisions = "fp32" if slow else "fp32,bf16"
@@ -357,7 +388,7 @@ def main() -> None:
     # a framework out of memory at some length is not run at longer ones (in the same setting):
     # TRL's generation alone would take many minutes there before it failed again
     out_of_memory_at: dict[tuple[str, str], int] = {}
-    for regime in sorted(regimes, key=lambda r: r.max_new_tokens):
+    for regime in sorted(chosen, key=lambda r: r.max_new_tokens):
         table = {}
         for p in settings:
             skipped = not_to_run(out_of_memory_at, p, regime.max_new_tokens)

@@ -33,7 +33,7 @@ def report(regime: Regime, table: dict, own: Callable[[str, str], str]) -> None:
     ``table[setting][framework]`` is a :func:`summary`, ``own(framework, setting)`` the
     precision the framework ran in that setting."""
     print(f"\n{regime.name}: {regime.task}, at most {regime.max_new_tokens} new tokens, "
-          f"reward {regime.reward}")
+          f"reward {regime.reward}; TRL's micro-batches {regime.trl_micro_batch} rows")
     print(f"{'setting':<19}{'step s':>9}{'generate s':>12}{'train s':>9}{'peak RSS MB':>13}"
           f"{'zero-var groups':>17}{'tokens/step':>13}{'ms/token':>10}{'reward':>8}"
           f"{'roofline s':>12}{'share':>7}")

@@ -48,3 +48,29 @@ def test_postrls_micro_batch_is_one_of_32_rows_in_bf16_and_two_of_16_in_fp32(vs_
     assert vs_trl.postrl_config(2, 0, "bf16-master").micro_batch_size == 32
     assert vs_trl.postrl_config(2, 0, "bf16").micro_batch_size == 32
     assert vs_trl.postrl_config(2, 0, "bf16-master", micro_batch_size=8).micro_batch_size == 8
+
+
+@pytest.mark.parametrize("name", ["short", "gsm8k-256", "gsm8k-1024"])
+def test_trl_accumulates_its_micro_batches_into_one_step_of_32_rows(vs_trl, name):
+    """One generation round, one optimizer step, as postrl; at GSM8K the micro-batch is the
+    most rows that, padded to the longest prompt (253 tokens) and the budget, fit postrl's
+    token budget."""
+    run = vs_trl.Run(vs_trl.REGIMES[name])
+    batch = vs_trl.trl_batch(run)
+    rows = batch["per_device_train_batch_size"]
+    assert rows * batch["gradient_accumulation_steps"] == vs_trl.PROMPTS * vs_trl.GROUP
+    if name != "short":
+        width = 253 + run.regime.max_new_tokens
+        assert rows * width <= vs_trl.MICRO_BATCH_TOKENS < 2 * rows * width
+
+
+def test_trls_micro_batch_can_be_resized_to_a_divisor_of_32_only(vs_trl):
+    def args(size):
+        return type("Args", (), {"regimes": "short", "gsm8k": "unused",
+                                 "trl_micro_batch_size": size})()
+
+    assert vs_trl.regimes(args(None))[0].trl_micro_batch == 32
+    assert vs_trl.regimes(args(4))[0].trl_micro_batch == 4
+    for wrong in (0, 5, 64):
+        with pytest.raises(SystemExit, match=f"--trl-micro-batch-size {wrong}: must divide"):
+            vs_trl.regimes(args(wrong))
