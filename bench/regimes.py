@@ -39,7 +39,7 @@ class Regime:
     # accumulation makes up a step's 32): the most of 32's divisors whose rows, padded to the
     # budget and a long prompt (GSM8K's: 42-253 tokens, median 86), hold no more tokens than
     # postrl's micro-batches (vs_trl.MICRO_BATCH_TOKENS). All 32 rows at once at 256 new
-    # tokens do not fit TRL's backward in 24 GB.
+    # tokens do not fit TRL's fp32 backward in 21.2 GB (90% of a 24 GB machine).
     trl_micro_batch: int = 32
     data: Path | None = None  # the task's data file (GSM8K's train.jsonl)
 
