@@ -1,7 +1,8 @@
-"""Two ways of one training step, timed in one process from the same state, and the prompts
-a trainer samples first (for the A/B scripts beside this one: ``prompt_pass_ab.py``,
-``unscored_rows_ab.py``, ``recorded_forward_ab.py``, ``decode_attention_ab.py``,
-``native_kernels_ab.py``, ``native_generate_ab.py``). Whole
+"""Two ways of one training step, timed in one process from the same state, the trainer of a
+regime's first batch, and the prompts a trainer samples first (for the A/B scripts beside
+this one: ``prompt_pass_ab.py``, ``unscored_rows_ab.py``, ``recorded_forward_ab.py``,
+``decode_attention_ab.py``, ``native_kernels_ab.py``, ``native_generate_ab.py``,
+``attention_ab.py``, ``packing_ab.py``, ``vocab_chunk_ab.py``). Whole
 processes differ by 10-20% on a shared VM; runs of the same batch from the same weights and
 optimizer state, alternated, do not."""
 
@@ -49,6 +50,31 @@ def from_one_state(trainer, run: Callable[[bool | None], Any], ways: list[Any],
             if peaks is not None:
                 peaks[way] = max(peaks.get(way, 0.0), resident_peak().peak)
     return times, result
+
+
+def add_regime_options(parser) -> None:
+    """``--regime``, ``--gsm8k`` and ``--model``: the batch :func:`regime_trainer` samples."""
+    from regimes import GSM8K, REGIMES  # bench/
+
+    parser.add_argument("--regime", default="gsm8k-256", choices=list(REGIMES))
+    parser.add_argument("--gsm8k", default=str(GSM8K))
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+
+
+def regime_trainer(args, micro_batch_size: int | None = None,
+                   reuse_sampler_forward: bool = True):
+    """The trainer of ``bench/vs_trl.py``'s postrl run (fp32, one step, seed 0) at the regime
+    :func:`add_regime_options` parsed into ``args``, on ``args.model``; ``micro_batch_size``
+    None: the bench's."""
+    from regimes import parse_regimes  # bench/
+    from vs_trl import postrl_config
+
+    from postrl.train.trainer import Trainer
+
+    regime = parse_regimes(args.regime, Path(args.gsm8k))[0]
+    config = postrl_config(1, seed=0, micro_batch_size=micro_batch_size, regime=regime)
+    config.reuse_sampler_forward, config.model = reuse_sampler_forward, args.model
+    return Trainer(config)
 
 
 def runs_text(times: list[float], peak: float) -> str:

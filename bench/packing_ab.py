@@ -19,29 +19,25 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 
 from postrl.models import logprobs
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ab import alternating, from_one_state, runs_text  # bench/, this script's directory
-    from regimes import GSM8K, REGIMES, parse_regimes
-    from vs_trl import postrl_config
-
-    from postrl.train.trainer import Trainer
+    from ab import (  # bench/, this script's directory
+        add_regime_options,
+        alternating,
+        from_one_state,
+        regime_trainer,
+        runs_text,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--regime", default="gsm8k-256", choices=list(REGIMES))
+    add_regime_options(parser)
     parser.add_argument("--reps", type=int, default=2, help="ABBA pairs")
     parser.add_argument("--micro-batch-size", type=int, default=16)
-    parser.add_argument("--gsm8k", default=str(GSM8K))
-    parser.add_argument("--model", default="smollm2-135m-instruct")
     args = parser.parse_args(argv)
-    regime = parse_regimes(args.regime, Path(args.gsm8k))[0]
-    config = postrl_config(1, seed=0, micro_batch_size=args.micro_batch_size, regime=regime)
-    config.reuse_sampler_forward, config.model = False, args.model
-    trainer = Trainer(config)
+    trainer = regime_trainer(args, args.micro_batch_size, reuse_sampler_forward=False)
     pack, update = logprobs.pack_responses, trainer._update
     columns = {True: 0, False: 0}  # response columns through the layers in one update
 

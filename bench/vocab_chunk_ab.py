@@ -17,7 +17,6 @@ Prints each way's median seconds and the most resident memory seen during its ru
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from postrl.models import logprobs, vocab
 
@@ -40,25 +39,21 @@ def parse_ways(text: str) -> list[tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ab import from_one_state, runs_text  # bench/, this script's directory
-    from regimes import GSM8K, REGIMES, parse_regimes
-    from vs_trl import postrl_config
-
-    from postrl.train.trainer import Trainer
+    from ab import (  # bench/, this script's directory
+        add_regime_options,
+        from_one_state,
+        regime_trainer,
+        runs_text,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--regime", default="gsm8k-256", choices=list(REGIMES))
+    add_regime_options(parser)
     parser.add_argument("--ways", type=parse_ways, default="2048:0,2048:1048576,512:1048576",
                         help="comma-separated tokens:elements (elements 0: one block)")
     parser.add_argument("--reps", type=int, default=2, help="rounds of every way")
-    parser.add_argument("--gsm8k", default=str(GSM8K))
-    parser.add_argument("--model", default="smollm2-135m-instruct")
     args = parser.parse_args(argv)
     ways = args.ways
-    regime = parse_regimes(args.regime, Path(args.gsm8k))[0]
-    config = postrl_config(1, seed=0, regime=regime)
-    config.model = args.model
-    trainer = Trainer(config)
+    trainer = regime_trainer(args)
     defaults = logprobs.HEAD_CHUNK_TOKENS, vocab.BLOCK_ELEMENTS
     update = trainer._update
 
