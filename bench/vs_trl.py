@@ -28,7 +28,8 @@ both frameworks.
 untimed first step, whose time is printed too. postrl's rows per forward/backward
 (``--micro-batch-size``) default to :data:`MICRO_BATCH`, TRL's (``--trl-micro-batch-size``,
 its gradients accumulated into one step) to the regime's: all 32 in ``short``, fewer where
-32 long rows do not fit (:func:`trl_batch`).
+32 long rows do not fit (:func:`trl_batch`). Both keep every layer's activations for the
+backward unless ``--gradient-checkpointing`` (TRL's default) has both recompute them there.
 
 Both train on the same prompts at every step: TRL gets postrl's sampled order, unshuffled,
 and each round's prompts are checked to be the same on both sides. Round ``r`` runs both with
@@ -99,6 +100,7 @@ class Run:
     precision: str = "fp32"
     micro_batch_size: int | None = None  # None: MICRO_BATCH's for the precision
     compile_layers: bool = False
+    checkpointing: bool = False  # both frameworks' (TRL's default, off here: both run faster)
 
 
 def prompt_order(steps: int, seed: int, regime: Regime = SHORT) -> list[dict]:
@@ -163,8 +165,10 @@ def record_work(trainer) -> list[dict]:
 def run_postrl(steps: int, seed: int, run: Run) -> dict:
     from postrl.train.trainer import Trainer
 
-    trainer = Trainer(postrl_config(steps + 1, seed, run.precision, run.micro_batch_size,
-                                    run.compile_layers, run.regime))
+    config = postrl_config(steps + 1, seed, run.precision, run.micro_batch_size,
+                           run.compile_layers, run.regime)
+    config.gradient_checkpointing = run.checkpointing
+    trainer = Trainer(config)
     prompts, works = record_prompts(trainer), record_work(trainer)
     warmup, *rows = [trainer.train_step() for _ in range(steps + 1)]
     return {"warmup_s": [warmup["time/step_s"]], "step_s": [r["time/step_s"] for r in rows],
@@ -205,7 +209,7 @@ def run_trl(steps: int, seed: int, run: Run) -> dict:
         output_dir=tempfile.mkdtemp(), **trl_batch(run), num_generations=GROUP,
         max_completion_length=run.regime.max_new_tokens,
         learning_rate=LR, beta=0.0, loss_type="dr_grpo", scale_rewards="none", temperature=1.0,
-        use_cpu=True, bf16=run.precision == "bf16", gradient_checkpointing=False,
+        use_cpu=True, bf16=run.precision == "bf16", gradient_checkpointing=run.checkpointing,
         max_steps=steps + 1, logging_steps=1, report_to=[], save_strategy="no", seed=seed,
         dataloader_num_workers=0, disable_tqdm=True, shuffle_dataset=False)
     reward = math_answer if run.regime.reward == "math_answer" else answer_closeness
@@ -276,7 +280,8 @@ def spawn(framework: str, steps: int, seed: int, run: Run, limit_gb: float) -> d
                         if run.micro_batch_size else []),
                       "--trl-micro-batch-size", str(run.regime.trl_micro_batch),
                       "--precisions", run.precision,
-                      *(["--postrl-compile"] if run.compile_layers else [])],
+                      *(["--postrl-compile"] if run.compile_layers else []),
+                      *(["--gradient-checkpointing"] if run.checkpointing else [])],
                      limit_gb, f"{framework} ({run.regime.name}, {run.precision})")
 
 
@@ -318,7 +323,7 @@ def compare(regime: Regime, precision: str, args, skipped: dict[str, str]
             if runs[framework] and "failed" in runs[framework][-1]:
                 continue
             run = Run(regime, own(framework, precision, args.postrl_bf16), args.micro_batch_size,
-                      args.postrl_compile)
+                      args.postrl_compile, args.gradient_checkpointing)
             # round r runs seed r: other prompts and samples in each round, the same prompts
             # for both frameworks
             runs[framework].append(spawn(framework, args.steps or regime.steps, round_index,
@@ -365,6 +370,10 @@ def main() -> None:
                         help="postrl's precision in the bf16 setting (TRL autocasts)")
     parser.add_argument("--postrl-compile", action="store_true",
                         help="postrl with torch_compile=true (compiled in its untimed first step)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="both frameworks recompute each decoder layer's activations in "
+                             "the backward (TRL's default; off by default here, where both "
+                             "run faster without)")
     parser.add_argument("--gsm8k", default=str(GSM8K), help="GSM8K's train.jsonl")
     parser.add_argument("--memory-limit-gb", type=float, default=default_memory_limit_gb(),
                         help="most memory a child may use (default: 90%% of this machine's)")
@@ -375,7 +384,7 @@ def main() -> None:
     if args.child:
         child(args.child, args.steps, args.seed,
               Run(regimes(args)[0], args.precisions, args.micro_batch_size,
-                  args.postrl_compile))
+                  args.postrl_compile, args.gradient_checkpointing))
         return
     chosen = regimes(args)  # a missing file or a wrong size: before any run
     if args.precisions is None:
@@ -384,6 +393,9 @@ def main() -> None:
         if slow:
             print(f"bf16 setting skipped: {slow}", flush=True)
     settings = args.precisions.split(",")
+    if args.gradient_checkpointing:
+        print("both frameworks recompute each layer in the backward (gradient checkpointing)",
+              flush=True)
     peaks, bandwidth = machine_limits(settings)
     # a framework out of memory at some length is not run at longer ones (in the same setting):
     # TRL's generation alone would take many minutes there before it failed again

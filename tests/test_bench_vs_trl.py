@@ -74,3 +74,17 @@ def test_trls_micro_batch_can_be_resized_to_a_divisor_of_32_only(vs_trl):
     for wrong in (0, 5, 64):
         with pytest.raises(SystemExit, match=f"--trl-micro-batch-size {wrong}: must divide"):
             vs_trl.regimes(args(wrong))
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_gradient_checkpointing_reaches_both_children(vs_trl, monkeypatch, on):
+    """``--gradient-checkpointing`` travels to each child's command line and back into its
+    run (which postrl's config and TRL's GRPOConfig read)."""
+    commands = []
+    monkeypatch.setattr(vs_trl, "run_child", lambda command, *rest: commands.append(command))
+    vs_trl.spawn("postrl", 1, 0, vs_trl.Run(vs_trl.REGIMES["short"], checkpointing=on), 20.0)
+    runs = []
+    monkeypatch.setattr(vs_trl, "child", lambda framework, steps, seed, run: runs.append(run))
+    monkeypatch.setattr("sys.argv", commands[0])
+    vs_trl.main()
+    assert runs[0].checkpointing is on and runs[0].regime.name == "short"

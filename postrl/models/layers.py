@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx.experimental._config as fx_config
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from postrl.models import backend
 
@@ -108,9 +109,9 @@ def body(model, input_ids: Tensor, position_ids: Tensor, bias: Tensor,
     cos, sin = (t[:, None] for t in inner.rotary_emb(hidden, position_ids))  # [B, 1, L, d]
     keys, values = [], []
     for i, layer in enumerate(inner.layers):
-        hidden, key, value = layer_fn(layer, hidden, cos, sin, bias,
-                                      None if past is None else past.keys[i],
-                                      None if past is None else past.values[i])
+        hidden, key, value = _run(layer_fn, layer, hidden, cos, sin, bias,
+                                  None if past is None else past.keys[i],
+                                  None if past is None else past.values[i])
         keys.append(key)
         values.append(value)
     return _rms_norm(hidden, inner.norm), KeysValues(keys, values)
@@ -144,11 +145,29 @@ def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, promp
     flat = torch.cat([prompt_hidden.flatten(0, 1), hidden.flatten(0, 1)])
     for i, layer in enumerate(inner.layers):
         outputs = {} if known is None else {"outputs": known(i)}
-        flat = layer_fn(layer, flat, shapes, prompt_angles, angles, prompt_bias, bias,
-                        prompt_of_row, **outputs)
+        flat = _run(layer_fn, layer, flat, shapes, prompt_angles, angles, prompt_bias, bias,
+                    prompt_of_row, **outputs)
     flat = _rms_norm(flat, inner.norm)
     split = prompt_ids.numel()
     return flat[:split].view(prompt_hidden.shape), flat[split:].view(hidden.shape)
+
+
+def _run(layer_fn, layer, *args, **kwargs):
+    """``layer_fn(layer, ...)``, its activations recomputed in the backward rather than kept
+    where the layer says so (``gradient_checkpointing``, the flag transformers'
+    ``activation_checkpointing_enable`` sets). Unlike transformers, in eval mode too: postrl
+    trains in either (no dropout), and the recomputed forward equals the first."""
+    if torch.is_grad_enabled() and getattr(layer, "gradient_checkpointing", False):
+        return checkpoint(layer_fn, layer, *args, use_reentrant=False, **kwargs)
+    return layer_fn(layer, *args, **kwargs)
+
+
+def checkpointed(model) -> bool:
+    """Whether a forward of ``model`` (a module, or a wrapper with the body as ``.model``)
+    may now recompute some layer in the backward."""
+    modules = (model if isinstance(model, nn.Module) else model.model).modules()
+    return torch.is_grad_enabled() and any(getattr(m, "gradient_checkpointing", False)
+                                           for m in modules)
 
 
 def _compiled(layer_fn):

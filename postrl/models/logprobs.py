@@ -137,6 +137,8 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
     packed path of postrl's layers; any other path leaves it unread."""
     width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
     own = share_prompts and layers.unsupported_reason(model) is None
+    # transformers' checkpointed layers drop the prompts' cache: whole rows there instead
+    share_prompts = share_prompts and (own or not layers.checkpointed(model))
     body = _OwnLayers(model, compile_layers) if own else _Transformers(model)
     prompts, rows = (shared_prompts(batch.input_ids[:, :width], batch.attention_mask[:, :width])
                      if share_prompts else (None, None))

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 RESUMABLE_CHANGES = {"out", "resume", "overwrite", "steps", "token_budget", "quiet", "report_to",
                      "save_every", "keep_last", "eval_every", "eval_n", "eval_samples",
                      "log_samples", "save_rollouts_every", "threads", "reuse_freed_memory",
-                     "torch_compile", "reuse_sampler_forward", "device",
-                     "vllm_gpu_memory_utilization", "vllm_enforce_eager"}
+                     "torch_compile", "gradient_checkpointing", "reuse_sampler_forward",
+                     "device", "vllm_gpu_memory_utilization", "vllm_enforce_eager"}
 COUNTERS = ("step", "tokens_generated", "tokens_wasted", "responses", "skipped_steps",
             "skipped_in_a_row")
 

@@ -12,6 +12,7 @@ import torch
 
 from postrl.config import TrainConfig
 from postrl.envs import is_environment_task
+from postrl.errors import ConfigError
 from postrl.models import backend, load_policy
 from postrl.models.policy import apply_lora, causal_lm
 from postrl.recipes import Recipe
@@ -33,7 +34,21 @@ def load_trained_policy(cfg: TrainConfig):
     if cfg.lora.r:
         model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout,
                            cfg.lora.target_modules)
+    if cfg.gradient_checkpointing:
+        checkpoint_layers(causal_lm(model), cfg.model)
     return model, tokenizer
+
+
+def checkpoint_layers(model, name: str) -> None:
+    """Recompute ``model``'s decoder layers in the backward (transformers' flag on each
+    layer, which postrl's own layers read too: :mod:`postrl.models.layers`); a critic
+    copied from it afterwards inherits the flag."""
+    # transformers renamed gradient_checkpointing_enable during 5.x
+    enable = getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)
+    try:
+        enable({"use_reentrant": False})
+    except ValueError as err:  # a model class without the layers' hook
+        raise ConfigError(f"gradient_checkpointing: model {name!r} cannot: {err}") from None
 
 
 def make_optimizers(cfg: TrainConfig, policy, critic):
