@@ -18,6 +18,7 @@ heads); other models, and any model under FSDP2, run transformers' forward with 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from postrl.models import backend, layers
@@ -100,7 +102,9 @@ def response_logprobs(
     it is a detached diagnostic. Positions outside the response mask hold 0. Rows with the
     same prompt share its forward unless ``share_prompts`` is off. ``head_grad_in_place``:
     see :func:`lm_head_chunks` (one process only). ``compile_layers``: postrl's own decoder
-    layers run compiled (``torch_compile``; :func:`postrl.models.layers.body`).
+    layers run compiled (``torch_compile``; :func:`postrl.models.layers.body`). Where the
+    model's layers are checkpointed (``gradient_checkpointing``), each chunk's logits are
+    made again in the backward too, not kept (unless the sampler's record holds them).
     """
     recorded = None if batch.recorded is None else batch.recorded.open(model)
     hidden, recorded = response_hidden(model, batch, share_prompts, compile_layers, recorded)
@@ -111,14 +115,18 @@ def response_logprobs(
     chunk = chunk_tokens or HEAD_CHUNK_TOKENS
     head = lm_head_chunks(model) if head_grad_in_place else model.lm_head
     head = _plain_head(head) if isinstance(head, nn.Module) else head
+    score = functools.partial(_score_chunk, head, temperature=temperature,
+                              entropy_grad=entropy_grad and torch.is_grad_enabled(),
+                              with_entropy=with_entropy)
+    if known_logits is None and layers.checkpointed(model):  # logits again in the backward
+        score = functools.partial(checkpoint, score, use_reentrant=False)
     logps, entropies = [], []
     # at least one (possibly empty) chunk, so that a batch without a scored token still gives
     # a result attached to the graph (a zero loss that can be back-propagated)
     for start in range(0, max(hidden.shape[0], 1), chunk):
         logits = None if known_logits is None else known_logits(start, start + chunk)
-        logp, entropy = backend.active().logprob_and_entropy(
-            head(hidden[start : start + chunk], logits), targets[start : start + chunk],
-            temperature, entropy_grad and torch.is_grad_enabled(), with_entropy)
+        logp, entropy = score(hidden[start : start + chunk], targets[start : start + chunk],
+                              logits)
         logps.append(logp)
         entropies.append(entropy)
     return _unflatten(logps, scored), _unflatten(entropies, scored) if with_entropy else None
@@ -174,6 +182,15 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
     responses, _ = body.forward(batch.input_ids[:, width:-1], batch.position_ids[:, width:-1],
                                 batch.attention_mask[:, :-1], body.select(past, rows))
     return torch.cat([prompt[rows, -1:], responses], dim=1), None
+
+
+def _score_chunk(head, hidden: Tensor, targets: Tensor, logits: Tensor | None,
+                 temperature: float, entropy_grad: bool, with_entropy: bool
+                 ) -> tuple[Tensor, Tensor | None]:
+    """One chunk's log-probs and entropies: ``head`` over its hidden states (or its
+    ``logits``, already known), then the vocabulary's log-softmax."""
+    return backend.active().logprob_and_entropy(head(hidden, logits), targets, temperature,
+                                                entropy_grad, with_entropy)
 
 
 def _plain_head(head: nn.Module) -> Callable[[Tensor, Tensor | None], Tensor]:

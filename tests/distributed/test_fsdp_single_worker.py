@@ -35,7 +35,12 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
-def test_one_fsdp2_worker_steps_the_weights_as_one_process_does(tmp_path, one_rank_group):
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["kept", "checkpointed"])
+def test_one_fsdp2_worker_steps_the_weights_as_one_process_does(tmp_path, one_rank_group,
+                                                                checkpointed):
+    """And with ``gradient_checkpointing`` on the sharded model (transformers' layers
+    recompute inside FSDP2's hooks)."""
+    from postrl.train.setup import checkpoint_layers
     from postrl.train.trainer import Trainer
 
     trainer = Trainer(tiny_config(tmp_path, "dr_grpo", "prompts_per_step=3",
@@ -59,6 +64,8 @@ def test_one_fsdp2_worker_steps_the_weights_as_one_process_does(tmp_path, one_ra
     plain_lm = copy.deepcopy(trainer.lm).train()
     _, expected = step(plain_lm, TokenScorer(plain_lm, share_prompts=False))
     sharded_lm = copy.deepcopy(trainer.lm).train()
+    if checkpointed:
+        checkpoint_layers(sharded_lm, "tiny")
     policy = shard(TokenScorer(sharded_lm, share_prompts=False), decoder_layers(sharded_lm.model))
     [result], got = step(sharded_lm, policy, FSDPReplica(0, 1, [policy], "cpu"))
 
