@@ -29,7 +29,8 @@ untimed first step, whose time is printed too. postrl's rows per forward/backwar
 (``--micro-batch-size``) default to :data:`MICRO_BATCH`, TRL's (``--trl-micro-batch-size``,
 its gradients accumulated into one step) to the regime's: all 32 in ``short``, fewer where
 32 long rows do not fit (:func:`trl_batch`). Both keep every layer's activations for the
-backward unless ``--gradient-checkpointing`` (TRL's default) has both recompute them there.
+backward unless ``--gradient-checkpointing postrl,trl`` (TRL's default; or either alone) has
+them recompute each layer there.
 
 Both train on the same prompts at every step: TRL gets postrl's sampled order, unshuffled,
 and each round's prompts are checked to be the same on both sides. Round ``r`` runs both with
@@ -100,7 +101,7 @@ class Run:
     precision: str = "fp32"
     micro_batch_size: int | None = None  # None: MICRO_BATCH's for the precision
     compile_layers: bool = False
-    checkpointing: bool = False  # both frameworks' (TRL's default, off here: both run faster)
+    checkpointing: bool = False  # recompute each layer in the backward (TRL's default)
 
 
 def prompt_order(steps: int, seed: int, regime: Regime = SHORT) -> list[dict]:
@@ -281,7 +282,7 @@ def spawn(framework: str, steps: int, seed: int, run: Run, limit_gb: float) -> d
                       "--trl-micro-batch-size", str(run.regime.trl_micro_batch),
                       "--precisions", run.precision,
                       *(["--postrl-compile"] if run.compile_layers else []),
-                      *(["--gradient-checkpointing"] if run.checkpointing else [])],
+                      *(["--gradient-checkpointing", framework] if run.checkpointing else [])],
                      limit_gb, f"{framework} ({run.regime.name}, {run.precision})")
 
 
@@ -323,7 +324,7 @@ def compare(regime: Regime, precision: str, args, skipped: dict[str, str]
             if runs[framework] and "failed" in runs[framework][-1]:
                 continue
             run = Run(regime, own(framework, precision, args.postrl_bf16), args.micro_batch_size,
-                      args.postrl_compile, args.gradient_checkpointing)
+                      args.postrl_compile, framework in checkpointed(args))
             # round r runs seed r: other prompts and samples in each round, the same prompts
             # for both frameworks
             runs[framework].append(spawn(framework, args.steps or regime.steps, round_index,
@@ -348,6 +349,15 @@ def regimes(args) -> list[Regime]:
     return [dataclasses.replace(r, trl_micro_batch=rows) for r in chosen]
 
 
+def checkpointed(args) -> set[str]:
+    """The frameworks ``--gradient-checkpointing`` names; SystemExit for another name."""
+    names = {n for n in args.gradient_checkpointing.split(",") if n}
+    if names - {"postrl", "trl"}:
+        raise SystemExit(f"--gradient-checkpointing {args.gradient_checkpointing}: "
+                         "frameworks are postrl and trl")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regimes", default=",".join(REGIMES),
@@ -370,10 +380,10 @@ def main() -> None:
                         help="postrl's precision in the bf16 setting (TRL autocasts)")
     parser.add_argument("--postrl-compile", action="store_true",
                         help="postrl with torch_compile=true (compiled in its untimed first step)")
-    parser.add_argument("--gradient-checkpointing", action="store_true",
-                        help="both frameworks recompute each decoder layer's activations in "
-                             "the backward (TRL's default; off by default here, where both "
-                             "run faster without)")
+    parser.add_argument("--gradient-checkpointing", default="",
+                        help="comma-separated frameworks that recompute each decoder layer's "
+                             "activations in the backward: postrl, trl (TRL's default; off "
+                             "here, where both run faster without)")
     parser.add_argument("--gsm8k", default=str(GSM8K), help="GSM8K's train.jsonl")
     parser.add_argument("--memory-limit-gb", type=float, default=default_memory_limit_gb(),
                         help="most memory a child may use (default: 90%% of this machine's)")
@@ -381,10 +391,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="a child's seed: its prompts' order and its sampling (round r: r)")
     args = parser.parse_args()
+    checkpointing = checkpointed(args)  # a wrong name: before any run
     if args.child:
         child(args.child, args.steps, args.seed,
               Run(regimes(args)[0], args.precisions, args.micro_batch_size,
-                  args.postrl_compile, args.gradient_checkpointing))
+                  args.postrl_compile, args.child in checkpointing))
         return
     chosen = regimes(args)  # a missing file or a wrong size: before any run
     if args.precisions is None:
@@ -393,9 +404,9 @@ def main() -> None:
         if slow:
             print(f"bf16 setting skipped: {slow}", flush=True)
     settings = args.precisions.split(",")
-    if args.gradient_checkpointing:
-        print("both frameworks recompute each layer in the backward (gradient checkpointing)",
-              flush=True)
+    if checkpointing:
+        print("recompute each layer in the backward (gradient checkpointing): "
+              + ", ".join(sorted(checkpointing)), flush=True)
     peaks, bandwidth = machine_limits(settings)
     # a framework out of memory at some length is not run at longer ones (in the same setting):
     # TRL's generation alone would take many minutes there before it failed again

@@ -1,6 +1,8 @@
 """bench/vs_trl.py gives TRL the prompts postrl's trainer really takes, and refuses a round in
 which the two trained on other prompts (TRL itself is not installed here: the bench's venv)."""
 
+import argparse
+
 import pytest
 
 from postrl.train.trainer import Trainer
@@ -76,15 +78,28 @@ def test_trls_micro_batch_can_be_resized_to_a_divisor_of_32_only(vs_trl):
             vs_trl.regimes(args(wrong))
 
 
-@pytest.mark.parametrize("on", [False, True])
-def test_gradient_checkpointing_reaches_both_children(vs_trl, monkeypatch, on):
-    """``--gradient-checkpointing`` travels to each child's command line and back into its
-    run (which postrl's config and TRL's GRPOConfig read)."""
+@pytest.mark.parametrize("framework", ["postrl", "trl"])
+@pytest.mark.parametrize("named", ["", "postrl", "trl", "postrl,trl"])
+def test_gradient_checkpointing_reaches_the_children_it_names(vs_trl, monkeypatch, framework,
+                                                              named):
+    """``--gradient-checkpointing`` travels to the named frameworks' command lines and back
+    into their runs (which postrl's config and TRL's GRPOConfig read)."""
     commands = []
-    monkeypatch.setattr(vs_trl, "run_child", lambda command, *rest: commands.append(command))
-    vs_trl.spawn("postrl", 1, 0, vs_trl.Run(vs_trl.REGIMES["short"], checkpointing=on), 20.0)
+    monkeypatch.setattr(vs_trl, "run_child",
+                        lambda command, *rest: commands.append(command) or {})
+    args = argparse.Namespace(gradient_checkpointing=named, rounds=1, postrl_bf16="bf16-master",
+                              micro_batch_size=None, postrl_compile=False, steps=1,
+                              memory_limit_gb=20.0)
+    vs_trl.compare(vs_trl.REGIMES["short"], "fp32", args, {"postrl" if framework == "trl"
+                                                          else "trl": "skipped"})
     runs = []
     monkeypatch.setattr(vs_trl, "child", lambda framework, steps, seed, run: runs.append(run))
     monkeypatch.setattr("sys.argv", commands[0])
     vs_trl.main()
-    assert runs[0].checkpointing is on and runs[0].regime.name == "short"
+    assert runs[0].checkpointing is (framework in named.split(","))
+
+
+def test_gradient_checkpointing_names_frameworks_only(vs_trl, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["vs_trl.py", "--gradient-checkpointing", "postrl,vllm"])
+    with pytest.raises(SystemExit, match="frameworks are postrl and trl"):
+        vs_trl.main()
