@@ -101,9 +101,9 @@ class TrainConfig:
         "all layers, 25 s to 4 minutes once for SmolLM2 on 2 cores); layers reading the "
         "sampler's record run eagerly, which is faster")
     gradient_checkpointing: bool = opt(
-        False, "keep only each decoder layer's input for the backward and recompute the rest "
-        "there (activation checkpointing): the update's activations shrink to a layer's worth, "
-        "for one more forward of its tokens; the policy's and the critic's layers")
+        False, "keep only each decoder layer's input and each LM-head chunk's for the backward "
+        "and recompute the rest there (activation checkpointing): the update's activations "
+        "shrink to about a layer's, for one more forward; the policy's and the critic's")
     backend: str = opt(
         "auto", "what computes the step: auto (postrl.accel, the native CPU kernels and lean "
         "sampler, when installed) or torch (PyTorch's operations and transformers' sampling "
