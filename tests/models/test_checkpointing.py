@@ -94,8 +94,8 @@ def test_a_model_without_checkpointing_is_refused_by_name(tiny, monkeypatch):
 
 @pytest.mark.parametrize("recipe", ["grpo", "ppo"])
 def test_a_run_with_checkpointing_trains_as_one_without(tmp_path, recipe):
-    """Every metric of two steps equal (times aside), the critic's too; the option reaches
-    the policy and the critic."""
+    """Every metric of two steps the same to float rounding (times aside), the critic's too;
+    the option reaches the policy and the critic."""
     rows = {}
     for on in (False, True):
         trainer = Trainer(tiny_config(tmp_path / str(on), recipe, "steps=2",
