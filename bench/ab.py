@@ -2,12 +2,14 @@
 regime's first batch, and the prompts a trainer samples first (for the A/B scripts beside
 this one: ``prompt_pass_ab.py``, ``unscored_rows_ab.py``, ``recorded_forward_ab.py``,
 ``decode_attention_ab.py``, ``native_kernels_ab.py``, ``native_generate_ab.py``,
-``attention_ab.py``, ``packing_ab.py``, ``vocab_chunk_ab.py``). Whole
+``attention_ab.py``, ``packing_ab.py``, ``checkpointing_ab.py``, ``vocab_chunk_ab.py``).
+Whole
 processes differ by 10-20% on a shared VM; runs of the same batch from the same weights and
 optimizer state, alternated, do not."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import functools
 import statistics
@@ -75,6 +77,31 @@ def regime_trainer(args, micro_batch_size: int | None = None,
     config = postrl_config(1, seed=0, micro_batch_size=micro_batch_size, regime=regime)
     config.reuse_sampler_forward, config.model = reuse_sampler_forward, args.model
     return Trainer(config)
+
+
+def update_ab(description: str, argv: list[str] | None,
+              add_options: Callable[[Any], None] | None = None) -> tuple[Any, Any]:
+    """``(args, trainer)`` of an A/B of one batch's update: :func:`add_regime_options`,
+    ``--reps`` (ABBA pairs), ``--micro-batch-size`` (default 16) and the script's own
+    ``add_options``; the regime's trainer with the sampler's forward not read (the update
+    then multiplies its own, whichever way it runs)."""
+    parser = argparse.ArgumentParser(description=description)
+    add_regime_options(parser)
+    parser.add_argument("--reps", type=int, default=2, help="ABBA pairs")
+    parser.add_argument("--micro-batch-size", type=int, default=16)
+    if add_options is not None:
+        add_options(parser)
+    args = parser.parse_args(argv)
+    return args, regime_trainer(args, args.micro_batch_size, reuse_sampler_forward=False)
+
+
+def on_first_batch(trainer, args, update: Callable[[Any], Any]) -> None:
+    """``trainer``'s first step with ``update(batch)`` in place of its update; then what the
+    batch held."""
+    trainer._update = update
+    row = trainer.train_step()
+    print(f"{args.regime}: responses of {row['length/mean']:.0f} tokens on average, the "
+          f"longest {row['length/max']:.0f}; {args.micro_batch_size} rows per micro-batch")
 
 
 def runs_text(times: list[float], peak: float) -> str:

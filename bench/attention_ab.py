@@ -13,7 +13,6 @@ way's median seconds and the most resident memory seen during its runs (sampled 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 from postrl.models import ops
@@ -21,19 +20,14 @@ from postrl.models import ops
 
 def main(argv: list[str] | None = None) -> None:
     from ab import (  # bench/, this script's directory
-        add_regime_options,
         alternating,
         from_one_state,
-        regime_trainer,
+        on_first_batch,
         runs_text,
+        update_ab,
     )
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_regime_options(parser)
-    parser.add_argument("--reps", type=int, default=2, help="ABBA pairs")
-    parser.add_argument("--micro-batch-size", type=int, default=16)
-    args = parser.parse_args(argv)
-    trainer = regime_trainer(args, args.micro_batch_size, reuse_sampler_forward=False)
+    args, trainer = update_ab(__doc__.splitlines()[0], argv)
     default, update = ops.FUSED_ATTENTION_SCORES, trainer._update
 
     def both_ways(batch):
@@ -50,10 +44,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{statistics.median(times[True]) / statistics.median(times[False]):.3f}")
         return metrics
 
-    trainer._update = both_ways
-    row = trainer.train_step()
-    print(f"{args.regime}: responses of {row['length/mean']:.0f} tokens on average, the "
-          f"longest {row['length/max']:.0f}; {args.micro_batch_size} rows per micro-batch")
+    on_first_batch(trainer, args, both_ways)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ runs one way alone (its warm-up too) for that way's peak.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 from postrl.models.policy import causal_lm
@@ -25,21 +24,18 @@ WAYS = {"plain": False, "checkpointed": True}
 
 def main(argv: list[str] | None = None) -> None:
     from ab import (  # bench/, this script's directory
-        add_regime_options,
         alternating,
         from_one_state,
-        regime_trainer,
+        on_first_batch,
         runs_text,
+        update_ab,
     )
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_regime_options(parser)
-    parser.add_argument("--reps", type=int, default=2, help="ABBA pairs (--only: runs)")
-    parser.add_argument("--only", choices=list(WAYS), default=None,
-                        help="one way alone, for its resident peak")
-    parser.add_argument("--micro-batch-size", type=int, default=16)
-    args = parser.parse_args(argv)
-    trainer = regime_trainer(args, args.micro_batch_size, reuse_sampler_forward=False)
+    def only_option(parser) -> None:
+        parser.add_argument("--only", choices=list(WAYS), default=None,
+                            help="one way alone (--reps runs), for its resident peak")
+
+    args, trainer = update_ab(__doc__.splitlines()[0], argv, only_option)
     update, decoder = trainer._update, causal_lm(trainer.lm).model.layers
     only = None if args.only is None else WAYS[args.only]
     ways = ([None, *alternating(args.reps)] if only is None
@@ -62,10 +58,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"checkpointed / plain: {ratio:.3f}")
         return metrics
 
-    trainer._update = both_ways
-    row = trainer.train_step()
-    print(f"{args.regime}: responses of {row['length/mean']:.0f} tokens on average, the "
-          f"longest {row['length/max']:.0f}; {args.micro_batch_size} rows per micro-batch")
+    on_first_batch(trainer, args, both_ways)
 
 
 if __name__ == "__main__":

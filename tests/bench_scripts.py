@@ -19,3 +19,13 @@ def load_bench_script(name: str) -> ModuleType:
     sys.modules[name] = module  # as importlib's recipe does: dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def varying_reward(monkeypatch, folder: Path) -> None:
+    """The bench's runs score by a reward that varies within the tiny model's groups (the
+    response's length, from a file in ``folder``), so that their updates train every row."""
+    (folder / "lengths.py").write_text(
+        "def length(prompts, completions, **_):\n"
+        "    return [float(len(str(c))) for c in completions]\n")
+    vs_trl = load_bench_script("vs_trl")  # the module the A/B scripts import their run from
+    monkeypatch.setattr(vs_trl, "reward_spec", lambda regime: f"{folder}/lengths.py:length")

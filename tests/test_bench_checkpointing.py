@@ -6,7 +6,7 @@ import re
 import pytest
 
 from postrl.models import layers
-from tests.bench_scripts import load_bench_script
+from tests.bench_scripts import load_bench_script, varying_reward
 
 
 @pytest.fixture
@@ -14,11 +14,7 @@ def ab(monkeypatch, tmp_path):
     """The script on the tiny model, with a reward that varies within its groups (so the
     update trains them); the number of checkpointed layer calls so far."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "lengths.py").write_text(
-        "def length(prompts, completions, **_):\n"
-        "    return [float(len(str(c))) for c in completions]\n")
-    vs_trl = load_bench_script("vs_trl")  # the module the script imports its run from
-    monkeypatch.setattr(vs_trl, "reward_spec", lambda regime: f"{tmp_path}/lengths.py:length")
+    varying_reward(monkeypatch, tmp_path)
     calls = []
     checkpoint = layers.checkpoint
     monkeypatch.setattr(layers, "checkpoint",
