@@ -30,6 +30,7 @@ RANKS = {
     "components": 3,
     "recipes": 2,
     "objectives": 1,
+    "config_yaml": 1,  # a config file read with its lines
     "postrl": 1,  # the package's __init__: its errors
     "errors": 0,
     "options": 0,
