@@ -52,7 +52,6 @@ training phase does not depend on their share and postrl's does.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import tempfile
@@ -60,11 +59,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from children import default_memory_limit_gb, peak_rss_mb, run_child  # bench/
+from children import peak_rss_mb, run_child  # bench/
 from peaks import machine_limits
 from regimes import (
-    GSM8K,
-    REGIMES,
     SHORT,
     Regime,
     answer_closeness,
@@ -74,6 +71,7 @@ from regimes import (
     step_work,
     task_spec,
 )
+from vs_trl_args import checkpointed, parse_arguments
 from vs_trl_report import report, summary
 
 from postrl.models.precision import cpu_bf16_reason
@@ -102,6 +100,7 @@ class Run:
     micro_batch_size: int | None = None  # None: MICRO_BATCH's for the precision
     compile_layers: bool = False
     checkpointing: bool = False  # recompute each layer in the backward (TRL's default)
+    reuse_freed_memory: bool = True  # postrl's reuse_freed_memory
 
 
 def prompt_order(steps: int, seed: int, regime: Regime = SHORT) -> list[dict]:
@@ -169,6 +168,7 @@ def run_postrl(steps: int, seed: int, run: Run) -> dict:
     config = postrl_config(steps + 1, seed, run.precision, run.micro_batch_size,
                            run.compile_layers, run.regime)
     config.gradient_checkpointing = run.checkpointing
+    config.reuse_freed_memory = run.reuse_freed_memory
     trainer = Trainer(config)
     prompts, works = record_prompts(trainer), record_work(trainer)
     warmup, *rows = [trainer.train_step() for _ in range(steps + 1)]
@@ -282,7 +282,8 @@ def spawn(framework: str, steps: int, seed: int, run: Run, limit_gb: float) -> d
                       "--trl-micro-batch-size", str(run.regime.trl_micro_batch),
                       "--precisions", run.precision,
                       *(["--postrl-compile"] if run.compile_layers else []),
-                      *(["--gradient-checkpointing", framework] if run.checkpointing else [])],
+                      *(["--gradient-checkpointing", framework] if run.checkpointing else []),
+                      *([] if run.reuse_freed_memory else ["--postrl-return-freed-memory"])],
                      limit_gb, f"{framework} ({run.regime.name}, {run.precision})")
 
 
@@ -324,7 +325,8 @@ def compare(regime: Regime, precision: str, args, skipped: dict[str, str]
             if runs[framework] and "failed" in runs[framework][-1]:
                 continue
             run = Run(regime, own(framework, precision, args.postrl_bf16), args.micro_batch_size,
-                      args.postrl_compile, framework in checkpointed(args))
+                      args.postrl_compile, framework in checkpointed(args),
+                      framework != "postrl" or not args.postrl_return_freed_memory)
             # round r runs seed r: other prompts and samples in each round, the same prompts
             # for both frameworks
             runs[framework].append(spawn(framework, args.steps or regime.steps, round_index,
@@ -349,53 +351,14 @@ def regimes(args) -> list[Regime]:
     return [dataclasses.replace(r, trl_micro_batch=rows) for r in chosen]
 
 
-def checkpointed(args) -> set[str]:
-    """The frameworks ``--gradient-checkpointing`` names; SystemExit for another name."""
-    names = {n for n in args.gradient_checkpointing.split(",") if n}
-    if names - {"postrl", "trl"}:
-        raise SystemExit(f"--gradient-checkpointing {args.gradient_checkpointing}: "
-                         "frameworks are postrl and trl")
-    return names
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--regimes", default=",".join(REGIMES),
-                        help=f"comma-separated, of {', '.join(REGIMES)} (bench/regimes.py)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="timed steps per child (default: the regime's, "
-                             + ", ".join(f"{r.name} {r.steps}" for r in REGIMES.values()) + ")")
-    parser.add_argument("--rounds", type=int, default=2, help="A/B alternations per setting")
-    parser.add_argument("--precisions", default=None,
-                        help="settings to run (default fp32,bf16; fp32 alone on a CPU without "
-                             "fast bf16 matmuls, where bf16 is no one's fastest setting)")
-    parser.add_argument("--micro-batch-size", type=int, default=None,
-                        help="postrl's rows per forward/backward (default: 16 in fp32, 32 in "
-                             "bf16; and at most 4,096 tokens)")
-    parser.add_argument("--trl-micro-batch-size", type=int, default=None,
-                        help="TRL's rows per forward/backward, gradients accumulated over a "
-                             "step's 32 (default: the regime's, " + ", ".join(
-                                 f"{r.name} {r.trl_micro_batch}" for r in REGIMES.values()) + ")")
-    parser.add_argument("--postrl-bf16", default="bf16-master", choices=("bf16", "bf16-master"),
-                        help="postrl's precision in the bf16 setting (TRL autocasts)")
-    parser.add_argument("--postrl-compile", action="store_true",
-                        help="postrl with torch_compile=true (compiled in its untimed first step)")
-    parser.add_argument("--gradient-checkpointing", default="",
-                        help="comma-separated frameworks that recompute each decoder layer's "
-                             "activations in the backward: postrl, trl (TRL's default; off "
-                             "here, where both run faster without)")
-    parser.add_argument("--gsm8k", default=str(GSM8K), help="GSM8K's train.jsonl")
-    parser.add_argument("--memory-limit-gb", type=float, default=default_memory_limit_gb(),
-                        help="most memory a child may use (default: 90%% of this machine's)")
-    parser.add_argument("--child", choices=("postrl", "trl"))
-    parser.add_argument("--seed", type=int, default=0,
-                        help="a child's seed: its prompts' order and its sampling (round r: r)")
-    args = parser.parse_args()
+    args = parse_arguments(__doc__.splitlines()[0], MICRO_BATCH_TOKENS)
     checkpointing = checkpointed(args)  # a wrong name: before any run
     if args.child:
         child(args.child, args.steps, args.seed,
               Run(regimes(args)[0], args.precisions, args.micro_batch_size,
-                  args.postrl_compile, args.child in checkpointing))
+                  args.postrl_compile, args.child in checkpointing,
+                  not args.postrl_return_freed_memory))
         return
     chosen = regimes(args)  # a missing file or a wrong size: before any run
     if args.precisions is None:

@@ -194,8 +194,10 @@ class TrainConfig:
                                "tensorboard, wandb, mlflow or trackio")
     threads: int | None = opt(None, "PyTorch's CPU threads; null = one per CPU")
     reuse_freed_memory: bool = opt(
-        True, "glibc's malloc keeps freed memory for reuse instead of returning it to the "
-        "kernel: large tensors stop paying for fresh pages (postrl/process.py)")
+        True, "glibc's malloc keeps freed memory for reuse: large tensors stop paying for "
+        "fresh pages, and the resident memory stays at the heap's high-water mark (about twice "
+        "the live tensors with long responses); false: tensors of 1 MiB and more go back to "
+        "the kernel when freed: less memory, slower (postrl/process.py)")
     quiet: bool = opt(False, "print nothing while training (no progress bar or step lines)")
 
     @property

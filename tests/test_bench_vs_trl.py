@@ -57,7 +57,7 @@ def test_trl_accumulates_its_micro_batches_into_one_step_of_32_rows(vs_trl, name
     """One generation round, one optimizer step, as postrl; at GSM8K the micro-batch is the
     most rows that, padded to the longest prompt (253 tokens) and the budget, fit postrl's
     token budget."""
-    run = vs_trl.Run(vs_trl.REGIMES[name])
+    run = vs_trl.Run(load_bench_script("regimes").REGIMES[name])
     batch = vs_trl.trl_batch(run)
     rows = batch["per_device_train_batch_size"]
     assert rows * batch["gradient_accumulation_steps"] == vs_trl.PROMPTS * vs_trl.GROUP
@@ -80,23 +80,26 @@ def test_trls_micro_batch_can_be_resized_to_a_divisor_of_32_only(vs_trl):
 
 @pytest.mark.parametrize("framework", ["postrl", "trl"])
 @pytest.mark.parametrize("named", ["", "postrl", "trl", "postrl,trl"])
+@pytest.mark.parametrize("returned", [False, True])
 def test_gradient_checkpointing_reaches_the_children_it_names(vs_trl, monkeypatch, framework,
-                                                              named):
+                                                              named, returned):
     """``--gradient-checkpointing`` travels to the named frameworks' command lines and back
-    into their runs (which postrl's config and TRL's GRPOConfig read)."""
+    into their runs (which postrl's config and TRL's GRPOConfig read), and
+    ``--postrl-return-freed-memory`` to postrl's."""
     commands = []
     monkeypatch.setattr(vs_trl, "run_child",
                         lambda command, *rest: commands.append(command) or {})
     args = argparse.Namespace(gradient_checkpointing=named, rounds=1, postrl_bf16="bf16-master",
                               micro_batch_size=None, postrl_compile=False, steps=1,
-                              memory_limit_gb=20.0)
-    vs_trl.compare(vs_trl.REGIMES["short"], "fp32", args, {"postrl" if framework == "trl"
+                              memory_limit_gb=20.0, postrl_return_freed_memory=returned)
+    vs_trl.compare(vs_trl.SHORT, "fp32", args, {"postrl" if framework == "trl"
                                                           else "trl": "skipped"})
     runs = []
     monkeypatch.setattr(vs_trl, "child", lambda framework, steps, seed, run: runs.append(run))
     monkeypatch.setattr("sys.argv", commands[0])
     vs_trl.main()
     assert runs[0].checkpointing is (framework in named.split(","))
+    assert runs[0].reuse_freed_memory is not (returned and framework == "postrl")
 
 
 def test_gradient_checkpointing_names_frameworks_only(vs_trl, monkeypatch):

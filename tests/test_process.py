@@ -1,5 +1,6 @@
 """keep_freed_memory: large tensors come from malloc's heap and their memory stays there
-for reuse, instead of being mapped and unmapped at every allocation.
+for reuse, instead of being mapped and unmapped at every allocation; return_freed_memory: the
+opposite, down to tensors of a megabyte.
 
 Each case runs in a fresh interpreter: the setting is process-wide, and this one may already
 have it (every Trainer applies it).
@@ -16,7 +17,7 @@ from postrl.process import _glibc_function
 PROBE = textwrap.dedent("""
     import ctypes, sys
     import torch
-    from postrl.process import _glibc_function, keep_freed_memory
+    from postrl.process import _glibc_function, keep_freed_memory, return_freed_memory
 
     class MallInfo2(ctypes.Structure):  # glibc >= 2.33
         _fields_ = [(name, ctypes.c_size_t) for name in (
@@ -27,6 +28,8 @@ PROBE = textwrap.dedent("""
     info.restype = MallInfo2
     if sys.argv[1] == "keep":
         applied = keep_freed_memory()
+    elif sys.argv[1] == "return":
+        applied = return_freed_memory()
     elif sys.argv[1].startswith("trainer"):  # the option, through a real Trainer
         from postrl.config import load_config
         from postrl.train.trainer import Trainer
@@ -36,12 +39,19 @@ PROBE = textwrap.dedent("""
         applied = None
     else:
         applied = None
+    # a freed mapped block of 16 MB raises glibc's own threshold to 16 MB (unless fixed)
+    raised = torch.ones(4 * 2**20)
+    del raised
     size = 64 * 2**20
     tensor = torch.ones(size // 4)  # 64 MB, twice glibc's largest mmap threshold
     held = info()
     del tensor
     freed = info()
-    print(applied, held.hblkhd >= size, freed.fordblks >= size)
+    # 2 MB tensors, more than the heap's free blocks can hold: mapped, or from the heap
+    before = info().hblkhd
+    small = [torch.ones(2**19) for _ in range(128)]
+    small_mapped = info().hblkhd - before >= 64 * 2**21
+    print(applied, held.hblkhd >= size, freed.fordblks >= size, small_mapped)
 """)
 
 
@@ -58,17 +68,25 @@ needs_glibc = pytest.mark.skipif(_glibc_function("mallinfo2") is None,
 
 @needs_glibc
 def test_by_default_a_large_tensor_is_mapped_and_its_memory_returned():
-    applied, mapped, kept = probe("default")
-    assert (mapped, kept) == ("True", "False")
+    applied, mapped, kept, small_mapped = probe("default")
+    assert (mapped, kept, small_mapped) == ("True", "False", "False")
 
 
 @needs_glibc
 def test_keep_freed_memory_serves_large_tensors_from_the_heap_and_keeps_them():
-    applied, mapped, kept = probe("keep")
-    assert (applied, mapped, kept) == ("True", "False", "True")
+    applied, mapped, kept, small_mapped = probe("keep")
+    assert (applied, mapped, kept, small_mapped) == ("True", "False", "True", "False")
+
+
+@needs_glibc
+def test_return_freed_memory_maps_tensors_of_a_megabyte_and_returns_them():
+    applied, mapped, kept, small_mapped = probe("return")
+    assert (applied, mapped, kept, small_mapped) == ("True", "True", "False", "True")
 
 
 @needs_glibc
 def test_the_trainer_keeps_freed_memory_unless_told_not_to(tmp_path):
-    assert probe("trainer:reuse_freed_memory=true", str(tmp_path / "on"))[1:] == ["False", "True"]
-    assert probe("trainer:reuse_freed_memory=false", str(tmp_path / "off"))[1:] == ["True", "False"]
+    on = probe("trainer:reuse_freed_memory=true", str(tmp_path / "on"))
+    assert on[1:] == ["False", "True", "False"]
+    off = probe("trainer:reuse_freed_memory=false", str(tmp_path / "off"))
+    assert off[1:] == ["True", "False", "True"]
