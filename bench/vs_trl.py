@@ -30,7 +30,8 @@ untimed first step, whose time is printed too. postrl's rows per forward/backwar
 its gradients accumulated into one step) to the regime's: all 32 in ``short``, fewer where
 32 long rows do not fit (:func:`trl_batch`). Both keep every layer's activations for the
 backward unless ``--gradient-checkpointing postrl,trl`` (TRL's default; or either alone) has
-them recompute each layer there.
+them recompute each layer there. ``--postrl-return-freed-memory`` runs postrl with
+``reuse_freed_memory=false`` (its least memory, slower).
 
 Both train on the same prompts at every step: TRL gets postrl's sampled order, unshuffled,
 and each round's prompts are checked to be the same on both sides. Round ``r`` runs both with
