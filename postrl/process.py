@@ -55,28 +55,31 @@ def configure_process(threads: int | None, reuse_freed_memory: bool) -> None:
 def keep_freed_memory() -> bool:
     """Make glibc's malloc reuse freed memory instead of unmapping it; False where the C
     library is not glibc (nothing changes there)."""
-    mallopt = _glibc_function("mallopt")
-    if mallopt is None:
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_FREE_BYTES))
+    return _malloc_options(((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, KEEP_FREE_BYTES)))
 
 
 def return_freed_memory() -> bool:
     """Make glibc's malloc map every block of :data:`OWN_PAGES_FROM` or more on pages of its
     own and unmap them when freed, and give the heap's free pages back now; False where the
     C library is not glibc (nothing changes there)."""
-    mallopt, trim = _glibc_function("mallopt"), _glibc_function("malloc_trim")
-    if mallopt is None or trim is None:
+    # a fixed threshold also stops glibc from raising it to the size of each freed block
+    applied = _malloc_options(((M_MMAP_MAX, GLIBC_MMAP_MAX), (M_MMAP_THRESHOLD, OWN_PAGES_FROM),
+                               (M_TRIM_THRESHOLD, RETURN_TOP_BYTES)))
+    trim = _glibc_function("malloc_trim")
+    if trim is not None:
+        trim.argtypes = (ctypes.c_size_t,)
+        trim(0)
+    return applied
+
+
+def _malloc_options(settings: tuple[tuple[int, int], ...]) -> bool:
+    """glibc's ``mallopt(option, value)`` for each of ``settings``, in order, until one is
+    refused; whether all were taken (False where the C library is not glibc)."""
+    mallopt = _glibc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    # a fixed threshold also stops glibc from raising it to the size of each freed block
-    applied = all(mallopt(option, value) for option, value in (
-        (M_MMAP_MAX, GLIBC_MMAP_MAX), (M_MMAP_THRESHOLD, OWN_PAGES_FROM),
-        (M_TRIM_THRESHOLD, RETURN_TOP_BYTES)))
-    trim.argtypes = (ctypes.c_size_t,)
-    trim(0)
-    return applied
+    return all(mallopt(option, value) for option, value in settings)
 
 
 def _glibc_function(name: str):
