@@ -61,12 +61,13 @@ class AccelBackend(Backend):
     def input_grad(self, grad, weight):
         return tiles.input_grad(grad, weight)
 
-    def logprob_and_entropy(self, logits, targets, temperature, entropy_grad, with_entropy):
+    def logprob_and_entropy(self, logits, targets, temperature, entropy_grad, with_entropy,
+                            consume_logits=False):
         if vocab.serves(logits, targets):
             return vocab.logprob_and_entropy(logits, targets, temperature, entropy_grad,
-                                             with_entropy)
+                                             with_entropy, consume_logits)
         return super().logprob_and_entropy(logits, targets, temperature, entropy_grad,
-                                           with_entropy)
+                                           with_entropy, consume_logits)
 
     def add_into(self, into, grad):
         fused.add_into(into, grad)

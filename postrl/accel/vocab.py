@@ -18,23 +18,25 @@ def serves(logits: Tensor, targets: Tensor) -> bool:
 
 
 def logprob_and_entropy(logits: Tensor, targets: Tensor, temperature: float,
-                        entropy_grad: bool, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-    """As :func:`postrl.models.vocab.logprob_and_entropy`, where :func:`serves` says so."""
+                        entropy_grad: bool, with_entropy: bool, consume_logits: bool = False
+                        ) -> tuple[Tensor, Tensor | None]:
+    """As :func:`postrl.models.vocab.logprob_and_entropy`, where :func:`serves` says so;
+    with ``consume_logits`` the backward writes the gradient over the logits it kept."""
     return vocab.logprob_and_entropy(logits, targets, temperature, entropy_grad, with_entropy,
-                                     _LogProbEntropy)
+                                     _LogProbEntropy, consume_logits)
 
 
 class _LogProbEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, entropy_grad: bool,
-                with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+                with_entropy: bool, consume_logits: bool) -> tuple[Tensor, Tensor | None]:
         ctx.temperature, ctx.entropy_grad = temperature, entropy_grad
-        ctx.native = native(logits)
+        ctx.native, ctx.overwrite = native(logits), consume_logits
         return _native_forward(ctx, logits, targets, with_entropy)
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
-        return _native_backward(ctx, grad_logp, grad_entropy), None, None, None, None
+        return _native_backward(ctx, grad_logp, grad_entropy), None, None, None, None, None
 
 
 def _native_forward(ctx, logits: Tensor, targets: Tensor, with_entropy: bool
@@ -63,11 +65,15 @@ def _native_backward(ctx, grad_logp: Tensor, grad_entropy: Tensor | None) -> Ten
     grad_logp = (torch.zeros(count) if grad_logp is None else grad_logp.float().contiguous())
     use_entropy = ctx.entropy_grad and grad_entropy is not None
     grad_entropy = grad_entropy.float().contiguous() if use_entropy else None
-    grad = torch.empty((count, vocab), dtype=rows.dtype)
+    # vocab.c reads each logit once, before writing its gradient at the same place
+    overwrite = ctx.overwrite and (count < 2 or rows.stride(0) == vocab)
+    grad = rows if overwrite else torch.empty((count, vocab), dtype=rows.dtype)
     ctx.native.logprob_backward(
         rows.data_ptr(), count, vocab, rows.stride(0) if count > 1 else vocab,
         targets.data_ptr(), 1.0 / ctx.temperature, lse.data_ptr(),
         entropy.data_ptr() if use_entropy else 0, grad_logp.data_ptr(),
         grad_entropy.data_ptr() if use_entropy else 0, grad.data_ptr(),
         int(rows.dtype == torch.bfloat16), torch.get_num_threads())
+    if overwrite:  # written through a pointer: tell autograd, so a second backward fails
+        torch.autograd.graph.increment_version(rows)
     return grad

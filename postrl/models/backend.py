@@ -117,9 +117,12 @@ class Backend:
         return grad @ weight
 
     def logprob_and_entropy(self, logits: Tensor, targets: Tensor, temperature: float,
-                            entropy_grad: bool, with_entropy: bool
-                            ) -> tuple[Tensor, Tensor | None]:
-        return logprob_and_entropy(logits, targets, temperature, entropy_grad, with_entropy)
+                            entropy_grad: bool, with_entropy: bool,
+                            consume_logits: bool = False) -> tuple[Tensor, Tensor | None]:
+        """:func:`postrl.models.vocab.logprob_and_entropy` (``consume_logits``: see
+        there)."""
+        return logprob_and_entropy(logits, targets, temperature, entropy_grad, with_entropy,
+                                   consume_logits=consume_logits)
 
     def add_into(self, into: Tensor, grad: Tensor) -> None:
         """``into += grad`` in place (a bf16 gradient into its float32 master's)."""

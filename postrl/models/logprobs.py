@@ -117,7 +117,8 @@ def response_logprobs(
     head = _plain_head(head) if isinstance(head, nn.Module) else head
     score = functools.partial(_score_chunk, head, temperature=temperature,
                               entropy_grad=entropy_grad and torch.is_grad_enabled(),
-                              with_entropy=with_entropy)
+                              with_entropy=with_entropy,
+                              linear_head=type(model.lm_head) is nn.Linear)
     if known_logits is None and layers.checkpointed(model):  # logits again in the backward
         score = functools.partial(checkpoint, score, use_reentrant=False)
     logps, entropies = [], []
@@ -185,12 +186,15 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
 
 
 def _score_chunk(head, hidden: Tensor, targets: Tensor, logits: Tensor | None,
-                 temperature: float, entropy_grad: bool, with_entropy: bool
+                 temperature: float, entropy_grad: bool, with_entropy: bool, linear_head: bool
                  ) -> tuple[Tensor, Tensor | None]:
     """One chunk's log-probs and entropies: ``head`` over its hidden states (or its
-    ``logits``, already known), then the vocabulary's log-softmax."""
-    return backend.active().logprob_and_entropy(head(hidden, logits), targets, temperature,
-                                                entropy_grad, with_entropy)
+    ``logits``, already known), then the vocabulary's log-softmax. ``linear_head``: the head
+    is a plain linear, whose backward does not read its output, so logits it makes here
+    may be overwritten by their gradient (not the sampler's record)."""
+    return backend.active().logprob_and_entropy(
+        head(hidden, logits), targets, temperature, entropy_grad, with_entropy,
+        consume_logits=linear_head and logits is None)
 
 
 def _plain_head(head: nn.Module) -> Callable[[Tensor, Tensor | None], Tensor]:

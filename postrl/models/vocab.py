@@ -24,23 +24,30 @@ from torch import Tensor
 def logprob_and_entropy(logits: Tensor, targets: Tensor, temperature: float = 1.0,
                         entropy_grad: bool = False, with_entropy: bool = True,
                         function: type[torch.autograd.Function] | None = None,
-                        ) -> tuple[Tensor, Tensor | None]:
+                        consume_logits: bool = False) -> tuple[Tensor, Tensor | None]:
     """``(log p(target), entropy)`` per row of ``logits [n, V]`` at ``temperature``; the
     entropy carries a gradient only with ``entropy_grad``, and is not computed (None) without
     ``with_entropy`` (which ``entropy_grad`` implies). ``function``: a backend's autograd
-    function of the same arguments and results (default: this module's)."""
+    function of the same arguments and results (default: this module's).
+
+    ``consume_logits``: the logits are this call's alone (nothing reads them after the
+    backward, nor keeps them for its own) and the graph is back-propagated once, so the
+    backward may write the gradient over what it kept (here the probabilities; a backend's
+    may keep the logits themselves): one ``[n, V]`` tensor fewer. A second backward through
+    the graph then fails on the overwritten tensor's version."""
     with_entropy = with_entropy or entropy_grad
     logp, entropy = (function or _LogProbEntropy).apply(logits, targets, temperature,
-                                                        entropy_grad, with_entropy)
+                                                        entropy_grad, with_entropy,
+                                                        consume_logits)
     return logp, entropy if entropy_grad or entropy is None else entropy.detach()
 
 
 class _LogProbEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, entropy_grad: bool,
-                with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+                with_entropy: bool, consume_logits: bool) -> tuple[Tensor, Tensor | None]:
         ctx.temperature, ctx.dtype = temperature, logits.dtype
-        ctx.entropy_grad = entropy_grad
+        ctx.entropy_grad, ctx.consume = entropy_grad, consume_logits
         z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
         if temperature != 1.0:
             z = z / temperature
@@ -60,18 +67,20 @@ class _LogProbEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
         probs, targets = ctx.saved_tensors[:2]
-        grad = probs * grad_logp.neg().unsqueeze(-1)
-        grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
+        probs = probs if ctx.consume else probs.clone()  # the gradient is written over it
         if ctx.entropy_grad and grad_entropy is not None:
             _, _, z, lse, entropy = ctx.saved_tensors
-            # -p * (log p + H) * g, with log p = z - lse
+            # -p * (log p + H) * g, with log p = z - lse, before p is overwritten
             shift, scale = (lse - entropy).unsqueeze(-1), grad_entropy.unsqueeze(-1)
             for rows in _blocks(z):
-                spread = (_finite(z[rows]) - shift[rows]).mul_(probs[rows])
-                grad[rows].sub_(spread.mul_(scale[rows]))
+                spread = (_finite(z[rows]) - shift[rows]).mul_(probs[rows]).mul_(scale[rows])
+                probs[rows].mul_(grad_logp[rows].neg().unsqueeze(-1)).sub_(spread)
+        else:
+            probs.mul_(grad_logp.neg().unsqueeze(-1))
+        grad = probs.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
         if ctx.temperature != 1.0:
             grad.div_(ctx.temperature)
-        return grad.to(ctx.dtype), None, None, None, None
+        return grad.to(ctx.dtype), None, None, None, None, None
 
 
 # Elements of a [rows, vocabulary] temporary made at a time on the CPU: a few megabytes,

@@ -65,3 +65,41 @@ def test_native_kernel_takes_an_empty_chunk():
     assert logp.shape == entropy.shape == (0,)
     logp.sum().backward()
     assert logits.grad.shape == (0, 50)
+
+
+@needs_native
+@pytest.mark.parametrize("entropy_grad", [False, True])
+@pytest.mark.parametrize("strided", [False, True])
+def test_overwritten_logits_hold_their_gradient_and_a_view_is_left_alone(entropy_grad, strided):
+    """``consume_logits``: the backward writes the gradient over the logits it kept (the
+    same values as without), except where the logits are rows of a wider tensor: those are
+    copied in the forward, and the copy is overwritten."""
+    generator = torch.Generator().manual_seed(5)
+    wide = 4 * torch.randn(6, 520 if strided else 517, generator=generator)
+    targets = torch.randint(0, 517, (6,), generator=generator)
+    weights, bonus = torch.randn(6, generator=generator), torch.randn(6, generator=generator)
+    grads, outputs = [], []
+    for overwrite in (False, True):
+        leaf = wide.clone().requires_grad_()
+        logits = (leaf * 1.0)[:, :517]  # a product keeps nothing for its backward
+        logp, entropy = vocab.logprob_and_entropy(logits, targets, 0.7, entropy_grad, True,
+                                                  overwrite)
+        (weights * logp + (bonus * entropy if entropy_grad else 0)).sum().backward()
+        grads.append(leaf.grad[:, :517])
+        outputs.append(logits.detach())
+    torch.testing.assert_close(grads[1], grads[0], atol=0, rtol=0)
+    assert torch.equal(outputs[0], wide[:, :517])
+    if strided:
+        assert torch.equal(outputs[1], wide[:, :517])
+    else:
+        assert torch.equal(outputs[1], grads[0])
+
+
+@needs_native
+def test_a_second_backward_through_overwritten_logits_is_refused():
+    leaf = torch.randn(3, 40, requires_grad=True)
+    logp, _ = vocab.logprob_and_entropy(leaf * 1.0, torch.tensor([1, 2, 3]), 1.0, False, False,
+                                        True)
+    logp.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        logp.sum().backward()

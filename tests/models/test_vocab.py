@@ -37,15 +37,18 @@ def test_backward_matches_finite_differences(entropy_grad, blocks):
     assert torch.autograd.gradcheck(outputs, (logits,))
 
 
+@pytest.mark.parametrize("consume", [False, True])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_values_and_gradients_match_autograd_through_log_softmax(temperature, blocks):
+def test_values_and_gradients_match_autograd_through_log_softmax(temperature, consume, blocks):
+    """``consume``: the gradient written over the probabilities kept for the backward."""
     generator = torch.Generator().manual_seed(1)
     logits = (3 * torch.randn(7, 300, generator=generator)).requires_grad_()
     targets = torch.randint(0, 300, (7,), generator=generator)
     weights = torch.randn(7, generator=generator)
     bonus = torch.randn(7, generator=generator)
 
-    logp, entropy = logprob_and_entropy(logits, targets, temperature, entropy_grad=True)
+    logp, entropy = logprob_and_entropy(logits, targets, temperature, entropy_grad=True,
+                                        consume_logits=consume)
     (weights * logp + bonus * entropy).sum().backward()
     fused = logits.grad.clone()
     logits.grad = None
@@ -96,3 +99,20 @@ def test_masked_logits_add_nothing_to_the_entropy_or_its_gradient(blocks):
     torch.testing.assert_close(logp, want_logp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=1e-5)
     assert torch.all(logits.grad[:, :40] == 0) and torch.isfinite(logits.grad).all()
+
+
+def test_a_second_backward_through_consumed_logits_is_refused_and_twice_is_fine_without():
+    logits, targets = torch.randn(3, 40, requires_grad=True), torch.tensor([1, 2, 3])
+    grads = []
+    for consume in (False, True):
+        logp, _ = logprob_and_entropy(logits, targets, consume_logits=consume)
+        logp.sum().backward(retain_graph=True)
+        grads.append(logits.grad.clone())
+        if consume:
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                logp.sum().backward()
+        else:
+            logp.sum().backward()
+            torch.testing.assert_close(logits.grad, 2 * grads[0])
+        logits.grad = None
+    torch.testing.assert_close(grads[1], grads[0], atol=0, rtol=0)
