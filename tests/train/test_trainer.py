@@ -37,6 +37,18 @@ def read_metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def held_gradients(trainer: Trainer) -> list[str]:
+    """Parameters that still hold a gradient (none should between steps: sampling runs
+    without them)."""
+    optimized = [p for optimizer in (trainer.optimizer, trainer.critic_optimizer) if optimizer
+                 for group in optimizer.param_groups for p in group["params"]]
+    named = {id(p): n for model in (trainer.lm, trainer.critic) if model is not None
+             for n, p in model.named_parameters()}
+    return [named.get(id(p), "an optimizer's parameter") for p in
+            [*optimized, *(p for m in (trainer.lm, trainer.critic) if m for p in m.parameters())]
+            if p.grad is not None]
+
+
 @pytest.mark.parametrize("recipe", sorted(PRESETS))
 def test_every_recipe_trains_three_steps(tmp_path, recipe):
     extra = ["recipe_options.overlong_buffer=4"] if PRESETS[recipe].overlong_penalty else []
@@ -61,6 +73,7 @@ def test_every_recipe_trains_three_steps(tmp_path, recipe):
             assert "loss/value" in row
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, trainer.lm.parameters(),
                                                                strict=True))
+    assert not held_gradients(trainer)
     samples = [json.loads(x) for x in (tmp_path / recipe / "samples.jsonl").read_text().split("\n")
                if x]
     assert samples and {"prompt", "completion", "reward", "correct"} <= samples[0].keys()
@@ -162,6 +175,7 @@ def test_bf16_master_trains_float32_masters_through_a_bf16_working_copy(tmp_path
     for master, copy in zip(trainer.lm.parameters(), working.parameters(), strict=True):
         assert master.dtype == torch.float32 and copy.dtype == torch.bfloat16
         assert torch.equal(copy, master.detach().bfloat16())  # refreshed after every step
+    assert not held_gradients(trainer) and all(p.grad is None for p in working.parameters())
     if recipe == "ppo":
         assert all("kl/mean" in r and "loss/value" in r for r in rows)
         assert all(p.dtype == torch.float32 for p in trainer.critic.parameters())
