@@ -72,8 +72,8 @@ def test_native_kernel_takes_an_empty_chunk():
 @pytest.mark.parametrize("strided", [False, True])
 def test_overwritten_logits_hold_their_gradient_and_a_view_is_left_alone(entropy_grad, strided):
     """``consume_logits``: the backward writes the gradient over the logits it kept (the
-    same values as without), except where the logits are rows of a wider tensor: those are
-    copied in the forward, and the copy is overwritten."""
+    same values as without), except where the logits are rows of a wider tensor, which the
+    kernel's gradient layout does not match: those are left as they are."""
     generator = torch.Generator().manual_seed(5)
     wide = 4 * torch.randn(6, 520 if strided else 517, generator=generator)
     targets = torch.randint(0, 517, (6,), generator=generator)
