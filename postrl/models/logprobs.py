@@ -104,7 +104,9 @@ def response_logprobs(
     see :func:`lm_head_chunks` (one process only). ``compile_layers``: postrl's own decoder
     layers run compiled (``torch_compile``; :func:`postrl.models.layers.body`). Where the
     model's layers are checkpointed (``gradient_checkpointing``), each chunk's logits are
-    made again in the backward too, not kept (unless the sampler's record holds them).
+    made again in the backward too, not kept (unless the sampler's record holds them). The
+    graph is for one backward: a plain linear head's logits are overwritten by their
+    gradient there (``consume_logits``), so a second backward through it raises.
     """
     recorded = None if batch.recorded is None else batch.recorded.open(model)
     hidden, recorded = response_hidden(model, batch, share_prompts, compile_layers, recorded)
