@@ -50,9 +50,9 @@ def reference(model, batch) -> dict:
 
 
 def scored(model, batch, chosen, in_place: bool) -> tuple[dict, list[bool]]:
-    """Gradients by ``response_logprobs`` (chunks of 3 tokens, as the trainer calls it), and
-    for each chunk (each call again when its logits are made again in the backward) whether
-    the vocabulary's log-softmax was allowed to overwrite its logits."""
+    """Gradients by ``response_logprobs`` (3-token chunks, the embedding sparse as in the
+    trainer), and for each chunk (each call again when its logits are made again in the
+    backward) whether the vocabulary's log-softmax was allowed to overwrite its logits."""
     consumed, plain = [], chosen.logprob_and_entropy
 
     def spy(*args, consume_logits=False):
