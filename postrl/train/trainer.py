@@ -53,6 +53,7 @@ from postrl.train.update import (
     Trainable,
     UpdateSettings,
     average_rounds,
+    drop_gradients,
     round_metrics,
     run_updates,
     update_plan,
@@ -360,10 +361,7 @@ class Trainer:
                                if self.critic else None,
                                self.critic_optimizer, self.master)
             results = run_updates(models, batch, self.recipe, self.loss_cfg, settings, plan)
-            # the next update makes its gradients afresh: none are held through sampling
-            for optimizer in (self.optimizer, self.critic_optimizer):
-                if optimizer is not None:
-                    optimizer.zero_grad(set_to_none=True)
+            drop_gradients(models)  # the next update makes them afresh: not held in sampling
             if self.cfg.rollout_backend == "vllm":  # the engine's copy of the weights
                 self.engine.load_weights(trainable_state(self.lm))
         return average_rounds([round_metrics(r) for r in results])

@@ -154,6 +154,13 @@ def run_updates(models: Trainable, batch: TrainBatch, recipe: Recipe, loss_cfg: 
     return [_update_round(models, batch, rows, recipe, loss_cfg, settings) for rows in plan]
 
 
+def drop_gradients(models: Trainable) -> None:
+    """Set every trained parameter's gradient to None (the policy's and the critic's)."""
+    for optimizer in (models.optimizer, models.critic_optimizer):
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+
+
 def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Recipe,
                   loss_cfg: PolicyLossConfig, settings: UpdateSettings) -> RoundResult:
     """One optimizer step over ``rows``: each micro-batch's loss, normalised by the whole
@@ -164,9 +171,7 @@ def _update_round(models: Trainable, batch: TrainBatch, rows: Tensor, recipe: Re
     result = RoundResult(Diagnostics())
     if models.critic is not None:
         result.value_loss = result.value_clip = 0.0
-    for optimizer in (models.optimizer, models.critic_optimizer):
-        if optimizer is not None:
-            optimizer.zero_grad(set_to_none=True)
+    drop_gradients(models)
     micros, unscored = _micro_batches(models, batch, rows, loss_cfg, settings)
     finite: list[bool | Tensor] = [True, True]  # policy, critic; read once, at the step's end
     # one autocast region per minibatch: its cache casts each weight to bf16 once, not once
