@@ -31,7 +31,7 @@ class _LogProbEntropy(torch.autograd.Function):
     def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, entropy_grad: bool,
                 with_entropy: bool, consume_logits: bool) -> tuple[Tensor, Tensor | None]:
         ctx.temperature, ctx.entropy_grad = temperature, entropy_grad
-        ctx.native, ctx.overwrite = native(logits), consume_logits
+        ctx.native, ctx.consume = native(logits), consume_logits
         return _native_forward(ctx, logits, targets, with_entropy)
 
     @staticmethod
@@ -66,7 +66,7 @@ def _native_backward(ctx, grad_logp: Tensor, grad_entropy: Tensor | None) -> Ten
     use_entropy = ctx.entropy_grad and grad_entropy is not None
     grad_entropy = grad_entropy.float().contiguous() if use_entropy else None
     # vocab.c reads each logit once, before writing its gradient at the same place
-    overwrite = ctx.overwrite and (count < 2 or rows.stride(0) == vocab)
+    overwrite = ctx.consume and (count < 2 or rows.stride(0) == vocab)
     grad = rows if overwrite else torch.empty((count, vocab), dtype=rows.dtype)
     ctx.native.logprob_backward(
         rows.data_ptr(), count, vocab, rows.stride(0) if count > 1 else vocab,
