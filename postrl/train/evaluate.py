@@ -103,23 +103,33 @@ def count_correct(
     return [sum(flags[i * group_size : (i + 1) * group_size]) for i in range(len(examples))]
 
 
-def _generate(engine, tokenizer, examples, prompts, group_size, params, seed,
-              episodes: tuple[Task, EpisodeLimits] | None,
-              ) -> tuple[list[str], list[int], list[bool], dict[str, list]]:
-    """Texts, generated lengths, whether each stopped at ``max_new_tokens`` (finish reason
-    length), and the columns the rewards need besides the examples' (``env_reward``). With
-    ``episodes`` (an environment task and its limits) every sample is a multi-turn episode."""
-    ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
-    if episodes is None:
-        rollouts = engine.generate(ids, group_size, params, seed)
-    else:
-        task, limits = episodes
-        rollouts = play_examples(engine, tokenizer, task, examples, ids, group_size, params,
-                                 seed, limits)
-    truncated = [reason == "length" for reason in rollouts.finish_reasons]
-    extra = ({} if rollouts.episodes is None
-             else {"env_reward": list(rollouts.episodes.rewards)})
-    return rollouts.texts, rollouts.generated_lengths.tolist(), truncated, extra
+@dataclass(frozen=True)
+class _Sampler:
+    """What every evaluation batch samples with: the engine, its tokenizer, and for an
+    environment task that task and its episodes' limits (None: single-turn)."""
+
+    engine: HFRolloutEngine
+    tokenizer: Any
+    episodes: tuple[Task, EpisodeLimits] | None
+
+    def generate(self, examples: list[Example], prompts: list[str], group_size: int,
+                 params: SamplingParams, seed: int,
+                 ) -> tuple[list[str], list[int], list[bool], dict[str, list]]:
+        """Texts, generated lengths, whether each stopped at ``max_new_tokens`` (finish reason
+        length), and the columns the rewards need besides the examples' (``env_reward``). For
+        an environment task every sample is a multi-turn episode."""
+        ids = [self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+               for prompt in prompts]
+        if self.episodes is None:
+            rollouts = self.engine.generate(ids, group_size, params, seed)
+        else:
+            task, limits = self.episodes
+            rollouts = play_examples(self.engine, self.tokenizer, task, examples, ids,
+                                     group_size, params, seed, limits)
+        truncated = [reason == "length" for reason in rollouts.finish_reasons]
+        extra = ({} if rollouts.episodes is None
+                 else {"env_reward": list(rollouts.episodes.rewards)})
+        return rollouts.texts, rollouts.generated_lengths.tolist(), truncated, extra
 
 
 @dataclass(frozen=True)
@@ -152,9 +162,10 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
     start = time.perf_counter()
     examples = list(task.test())[:n]
     samples = max(ks) if max(ks) > 1 else 0
-    verifier, engine = task.default_rewards[0], HFRolloutEngine(model, tokenizer)
+    verifier = task.default_rewards[0]
     episodes = ((task, EpisodeLimits.for_model(settings.max_turns, max_new_tokens, model))
                 if is_environment_task(task) else None)
+    sampler = _Sampler(HFRolloutEngine(model, tokenizer), tokenizer, episodes)
     stop = tuple(settings.stop)
     greedy_params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)
     sample_params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
@@ -165,14 +176,14 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
         chunk = examples[index : index + batch_prompts]
         prompts = [task_prompt(tokenizer, task, ex.question, settings.system_prompt)
                    for ex in chunk]
-        texts, chunk_lengths, cut, extra = _generate(engine, tokenizer, chunk, prompts, 1,
-                                                     greedy_params, seed, episodes)
+        texts, chunk_lengths, cut, extra = sampler.generate(chunk, prompts, 1, greedy_params,
+                                                            seed)
         greedy += count_correct(verifier, chunk, prompts, texts, 1, extra)
         lengths += chunk_lengths
         truncated += cut
         if samples:
-            texts, chunk_lengths, cut, extra = _generate(
-                engine, tokenizer, chunk, prompts, samples, sample_params, seed + index, episodes)
+            texts, chunk_lengths, cut, extra = sampler.generate(
+                chunk, prompts, samples, sample_params, seed + index)
             correct += count_correct(verifier, chunk, prompts, texts, samples, extra)
             sampled_lengths += chunk_lengths
             sampled_truncated += cut
