@@ -17,6 +17,7 @@ from postrl.accel.recorded import (
     record_bytes,
     record_dtype,
 )
+from postrl.models import layers
 
 # the most of the machine's memory a recorded forward may take (at most, every slot written)
 RECORD_MEMORY_SHARE = 0.25
@@ -44,9 +45,10 @@ class LeanDecoding:
     def recorder(self, model, weights: LeanWeights, prompt_lengths: list[int],
                  group_size: int, max_new: int) -> RecordedForward | None:
         """A record of ``model``'s forward as ``weights`` sample it, where the weights are in
-        the record's dtype, the record fits :data:`RECORD_MEMORY_SHARE` of the memory and
-        saves at least :data:`RECORD_MIN_FLOPS_PER_BYTE`; else None."""
-        if (weights.dtype != record_dtype(model)
+        the record's dtype, the training forward can read it (not through LoRA layers), the
+        record fits :data:`RECORD_MEMORY_SHARE` of the memory and saves at least
+        :data:`RECORD_MIN_FLOPS_PER_BYTE`; else None."""
+        if (weights.dtype != record_dtype(model) or layers.unsupported_reason(model) is not None
                 or flops_per_recorded_byte(model) < RECORD_MIN_FLOPS_PER_BYTE):
             return None
         size = record_bytes(model, len(prompt_lengths), max(prompt_lengths), group_size, max_new)

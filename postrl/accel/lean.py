@@ -37,8 +37,9 @@ from postrl.models.layers import architecture_reason, rotate
 
 
 def unsupported_reason(model) -> str | None:
-    """Why the lean forward cannot sample from ``model`` (None when it can)."""
-    reason = architecture_reason(model)
+    """Why the lean forward cannot sample from ``model`` (None when it can; LoRA layers are
+    sampled through their merged weights)."""
+    reason = architecture_reason(model, adapters=True)
     if reason is None and any(p.device.type != "cpu" for p in model.parameters()):
         return "weights not on the CPU"
     return reason

@@ -1,8 +1,9 @@
 """The lean sampler's weights: one snapshot of a model's, ready for sampling
 (:class:`LeanWeights`, rebuilt after every update; ``postrl.accel.lean`` runs them).
 
-Once per ``generate`` call, the projections are fused (q|k|v, gate|up), cast to the sampling
-dtype and packed for the fastest kernel here (:class:`Linear`): postrl's own in float32
+Once per ``generate`` call, the projections are fused (q|k|v, gate|up; a LoRA layer's
+adapters merged into its weight, :mod:`postrl.models.adapters`), cast to the sampling dtype
+and packed for the fastest kernel here (:class:`Linear`): postrl's own in float32
 (``gemm.c``) and, on a CPU with AMX tiles or AVX512-BF16, in bf16 (``dpbf16.c``); else
 oneDNN's blocked layout.
 Where every layer's linears are postrl's, the layers are also described to the one-call decode
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from postrl.accel.native import AMX_INPUTS, LayerPointers, NativeKernels, native_kernels
+from postrl.models.adapters import effective_linear
 from postrl.models.precision import cpu_has_fast_bf16
 
 # The dtypes whose work between the linears runs postrl's kernels (``decode.c``). Measured on
@@ -128,15 +130,16 @@ class LeanWeights:
         native = native_kernels() if dtype in NATIVE_DTYPES else None
         linear = functools.partial(Linear, dtype=dtype, rows=rows, native=native)
         layers = []
+
+        def fused(*modules: nn.Module) -> Linear:  # their weights as applied, adapters merged
+            pairs = [effective_linear(m) for m in modules]
+            return linear([w for w, _ in pairs], [b for _, b in pairs])
+
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
             layers.append(Layer(
-                linear([m.weight for m in qkv], [m.bias for m in qkv]),
-                linear([attn.o_proj.weight], [attn.o_proj.bias]),
-                linear([mlp.gate_proj.weight, mlp.up_proj.weight],
-                       [mlp.gate_proj.bias, mlp.up_proj.bias]),
-                linear([mlp.down_proj.weight], [mlp.down_proj.bias]),
+                fused(attn.q_proj, attn.k_proj, attn.v_proj), fused(attn.o_proj),
+                fused(mlp.gate_proj, mlp.up_proj), fused(mlp.down_proj),
                 layer.input_layernorm.weight.detach().to(dtype),
                 layer.post_attention_layernorm.weight.detach().to(dtype)))
         norm = body.norm.weight.detach().to(dtype)

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from postrl.models import backend
+from postrl.models.adapters import linear_reason
 
 MODEL_TYPES = ("llama", "qwen2")
 
@@ -49,10 +50,10 @@ class KeysValues:
                           [v.index_select(0, rows) for v in self.values])
 
 
-def architecture_reason(model) -> str | None:
+def architecture_reason(model, adapters: bool = False) -> str | None:
     """What in ``model`` is not a plain Llama/Qwen2 decoder with a plain LM head (None when
-    nothing is)."""
-    reason = body_reason(model)
+    nothing is); with ``adapters``, LoRA layers whose weight merges count as plain."""
+    reason = body_reason(model, adapters)
     if reason is None and not hasattr(model, "lm_head"):
         return "an unfamiliar module layout"
     if reason is None and (type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None):
@@ -60,9 +61,10 @@ def architecture_reason(model) -> str | None:
     return reason
 
 
-def body_reason(model) -> str | None:
+def body_reason(model, adapters: bool = False) -> str | None:
     """What in ``model.model`` (the decoder body) or ``model.config`` is not a plain Llama/Qwen2
-    decoder (None when nothing is)."""
+    decoder (None when nothing is); with ``adapters``, LoRA layers whose weight merges
+    (:func:`postrl.models.adapters.linear_reason`) count as plain."""
     config = model.config
     if config.model_type not in MODEL_TYPES:
         return f"model type {config.model_type!r}"
@@ -77,9 +79,18 @@ def body_reason(model) -> str | None:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
                    mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if any(type(m) is not nn.Linear for m in linears):
-            return "non-plain linear layers (adapters or quantisation)"
+        reason = next(filter(None, map(linear_reason if adapters else _plain_reason, linears)),
+                      None)
+        if reason is not None:
+            return reason
     return None
+
+
+def _plain_reason(module: nn.Module) -> str | None:
+    """None for a plain ``nn.Linear``; else why the training body leaves ``module`` alone."""
+    if type(module) is nn.Linear:
+        return None
+    return "non-plain linear layers (adapters or quantisation)"
 
 
 def unsupported_reason(model) -> str | None:

@@ -1,7 +1,6 @@
 """The lean sampling forward (packed weights, static KV cache) samples what transformers' own
 forward samples."""
 
-import copy
 
 import pytest
 import torch
@@ -12,9 +11,9 @@ from postrl.accel import library, native
 from postrl.accel.lean import LeanDecoder, unsupported_reason
 from postrl.accel.lean_weights import LeanWeights
 from postrl.models.logprobs import SequenceBatch, response_logprobs
-from postrl.models.policy import apply_lora
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.hf import left_padded
+from tests.models.test_adapters import TARGETS, trained_lora
 
 
 def prompts(tokenizer):
@@ -105,14 +104,33 @@ def test_lean_sampling_matches_transformers_on_a_qwen2_with_biases(tiny, tiny_qw
 def test_models_the_lean_step_does_not_know_fall_back_to_transformers(tiny):
     model, tokenizer = tiny
     assert unsupported_reason(model) is None
-    lora = apply_lora(copy.deepcopy(model), 4, 8, 0.0, ["q_proj", "v_proj"])
-    assert "adapters" in unsupported_reason(lora.get_base_model())
+    dora = trained_lora(model, use_dora=True).get_base_model()
+    assert "DoRA" in unsupported_reason(dora)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2))
     assert unsupported_reason(gpt2) == "model type 'gpt2'"
-    engine = HFRolloutEngine(lora.get_base_model(), tokenizer)
+    engine = HFRolloutEngine(dora, tokenizer)
     assert engine.fast is None
     out = engine.generate(prompts(tokenizer), 2, SamplingParams(max_new_tokens=5), seed=0)
     assert out.response_ids.shape[0] == 6
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], TARGETS], ids=["q and v", "all"])
+def test_lean_sampling_of_lora_adapters_matches_transformers(tiny, targets):
+    """The lean sampler multiplies each LoRA layer's merged weight; transformers runs peft's
+    layers (base, then the adapters' product): the same samples to float32 rounding. The
+    adapters are moved off their zero start, so sampling the base weights would differ."""
+    model, tokenizer = tiny
+    lora = trained_lora(model, targets=targets).get_base_model()
+    lean, plain = engines(lora, tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=30)
+    for seed in range(2):
+        assert_same_rollouts(lean.generate(prompts(tokenizer), 4, params, seed=seed),
+                             plain.generate(prompts(tokenizer), 4, params, seed=seed), 1e-5)
+    base = HFRolloutEngine(model, tokenizer, entropies=True)
+    base.eos_ids = lean.eos_ids
+    apart = lean.generate(prompts(tokenizer), 4, params, seed=0)
+    assert (apart.logprobs - base.generate(prompts(tokenizer), 4, params, seed=0).logprobs
+            ).abs().max() > 1e-3
 
 
 def test_lean_sampling_scores_long_prompts_like_the_float32_policy(tiny):

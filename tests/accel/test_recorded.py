@@ -15,6 +15,7 @@ from postrl.accel.recorded import flops_per_recorded_byte, parameter_versions
 from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.precision import bf16_copy
 from postrl.rollout import HFRolloutEngine, SamplingParams
+from tests.models.test_adapters import trained_lora
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=14)
 
@@ -284,3 +285,13 @@ def test_layers_that_read_a_record_run_eagerly_under_torch_compile(tiny, monkeyp
                                  compile_layers=True)
     assert compiled == [1]  # one layer function, chosen once for every layer
     torch.testing.assert_close(recorded, plain, atol=2e-5, rtol=0)
+
+
+def test_a_model_with_adapters_is_sampled_without_a_record(tiny):
+    """The update runs a LoRA model's forward through peft's layers, which read no record: the
+    lean sampler samples it (adapters merged) but records nothing."""
+    lora = trained_lora(tiny[0]).get_base_model()
+    engine = HFRolloutEngine(lora, tiny[1], record_forward=True)
+    assert engine.fast is not None
+    assert sample(lora, tiny[1]).recorded is None
+    assert sample(tiny[0], tiny[1]).recorded is not None

@@ -291,6 +291,7 @@ def test_a_kl_term_or_an_entropy_bonus_gives_every_row_a_gradient(tmp_path):
     (["precision=bf16"], False), (["precision=bf16-master"], True),
     (["precision=bf16-master", "epochs=2"], False), (["torch_compile=true"], True),
     (["train_workers=2", "launcher=ray"], False), (["reuse_sampler_forward=false"], False),
+    (["lora.r=4"], False),
 ])
 def test_the_sampler_records_its_forward_only_where_the_update_runs_those_weights(
         tmp_path, options, records):
