@@ -4,6 +4,8 @@ snapshotted for sampling, the lean decoder, and the record of its forward for th
 from __future__ import annotations
 
 import os
+import resource
+import sys
 
 import torch
 
@@ -33,7 +35,12 @@ class LeanDecoding:
     def __init__(self) -> None:
         self._record_memory = RecordMemory()
 
-    def snapshot(self, model, dtype: torch.dtype, rows: int) -> LeanWeights:
+    def snapshot(self, model, dtype: torch.dtype, rows: int, columns: int) -> LeanWeights | None:
+        """The lean sampler's weights, or None where they and its cache would need more
+        memory than is available now (:func:`sampling_bytes`): transformers samples then,
+        with the policy's own weights and a cache that grows."""
+        if sampling_bytes(model, dtype, rows, columns) > available_memory_bytes():
+            return None
         return LeanWeights.of(model, dtype, rows)
 
     def prefill(self, weights: LeanWeights, input_ids, attention, positions, group_size: int,
@@ -63,3 +70,49 @@ class LeanDecoding:
 
 def physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def sampling_bytes(model, dtype: torch.dtype, rows: int, columns: int) -> int:
+    """About what the lean sampler allocates to sample ``rows`` rows of at most ``columns``
+    prompt and response tokens from ``model`` in ``dtype``: its packed copy of the linear
+    weights, and its key/value cache twice (while rows leave, the shared prompt columns and
+    the per-row copy are both held)."""
+    config, body = model.config, model.model
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    linears = sum(m.in_features * m.out_features for m in body.modules()
+                  if isinstance(m, torch.nn.Linear))
+    linears += model.lm_head.in_features * model.lm_head.out_features
+    cache = (2 * len(body.layers) * rows * config.num_key_value_heads * columns * head_dim)
+    return (linears + 2 * cache) * torch.empty((), dtype=dtype).element_size()
+
+
+def available_memory_bytes() -> int:
+    """The memory this process may still take: the kernel's estimate of what is available
+    (``MemAvailable``), and no more than its data limit (``RLIMIT_DATA``) leaves; where
+    neither is known (not Linux), no limit."""
+    available = None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
+    if limit != resource.RLIM_INFINITY:
+        left = limit - _data_bytes()
+        available = left if available is None else min(available, left)
+    return sys.maxsize if available is None else available
+
+
+def _data_bytes() -> int:
+    """This process's data segment (``VmData``: what ``RLIMIT_DATA`` counts), 0 unknown."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

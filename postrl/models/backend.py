@@ -64,8 +64,10 @@ class OpenRecord(Protocol):
 class Decoding(Protocol):
     """A backend's faster sampling forward for one model (see :meth:`Backend.decoding`)."""
 
-    def snapshot(self, model, dtype: torch.dtype, rows: int) -> object:
-        """``model``'s weights, ready to sample ``rows`` rows at a time in ``dtype``."""
+    def snapshot(self, model, dtype: torch.dtype, rows: int, columns: int) -> object | None:
+        """``model``'s weights, ready to sample ``rows`` rows of at most ``columns`` tokens
+        (prompt and response) at a time in ``dtype``; None where this call would not fit in
+        memory (transformers samples it instead)."""
 
     def prefill(self, weights, input_ids: Tensor, attention: Tensor, positions: Tensor,
                 group_size: int, steps: int, record) -> tuple[Tensor, object]:

@@ -73,7 +73,8 @@ class HFRolloutEngine:
         prompts = [list(p) for p in prompt_ids]
         generators = row_generators(seed, first_prompt, len(prompts), group_size)
         chunk = max((self.batch_size or len(rows)) // group_size, 1)  # prompts per chunk
-        model = self._sampling_model(min(chunk * group_size, len(rows)))
+        columns = max(map(len, prompts)) + params.max_new_tokens
+        model = self._sampling_model(min(chunk * group_size, len(rows)), columns)
         record = (self.fast.recorder(self.scoring_model, model, [len(p) for p in prompts],
                                      group_size, params.max_new_tokens)
                   if self.record_forward and _is_snapshot(model) and chunk >= len(prompts)
@@ -94,14 +95,16 @@ class HFRolloutEngine:
                         None if record is None else self.fast.handle(record, len(rows)))
 
     @torch.no_grad()
-    def _sampling_model(self, rows: int):
-        """What samples this call: the backend's snapshot of the weights, the policy itself,
-        or its bf16 copy."""
+    def _sampling_model(self, rows: int, columns: int):
+        """What samples this call (``rows`` rows of at most ``columns`` tokens): the backend's
+        snapshot of the weights where it fits, else the policy itself or its bf16 copy."""
         dtype = sampling_dtype(self.precision, self.model.dtype)
         if self.fast is not None and model_device(self.model).type == "cpu":
             # the scoring model's weights, in the sampling dtype: the policy's, or those of its
             # bf16 working copy (the same bf16 values, the copy refreshed at every step)
-            return self.fast.snapshot(self.scoring_model, dtype, rows)
+            snapshot = self.fast.snapshot(self.scoring_model, dtype, rows, columns)
+            if snapshot is not None:
+                return snapshot
         if self.precision == "fp32":
             return self.model
         if self._copy is None:  # bf16 parameters from the start: no float32 copy, no grads

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from postrl.accel import decoding, library, native
 from postrl.accel import lean as lean_module
-from postrl.accel import library, native
 from postrl.accel.lean import LeanDecoder, unsupported_reason
 from postrl.accel.lean_weights import LeanWeights
 from postrl.models.logprobs import SequenceBatch, response_logprobs
@@ -245,3 +245,49 @@ def test_prompts_are_shared_from_a_longer_length_where_a_step_runs_in_one_call(t
         decoder = LeanDecoder(weights, *left_padded(texts, 0), 2, 3)
         assert decoder.cache.shared == (weights.pointers is None)
         assert (weights.pointers is None) == (switch == "0" or native.native_kernels() is None)
+
+
+def test_a_call_whose_lean_weights_and_cache_would_not_fit_is_sampled_by_transformers(
+        tiny, monkeypatch):
+    """Where the lean sampler's packed weights and cache would need more memory than is
+    available, transformers samples that call with the policy's own weights: the same
+    rollouts as an engine without the lean sampler, and no record."""
+    model, tokenizer = tiny
+    lean, plain = engines(model, tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=20)
+    columns = max(map(len, prompts(tokenizer))) + params.max_new_tokens
+    needed = decoding.sampling_bytes(model, torch.float32, 12, columns)
+    monkeypatch.setattr(decoding, "available_memory_bytes", lambda: needed - 1)
+    built, build = [], LeanWeights.of
+    monkeypatch.setattr(LeanWeights, "of", lambda *a: built.append(a) or build(*a))
+    out = lean.generate(prompts(tokenizer), 4, params, seed=0)
+    assert built == [] and out.recorded is None
+    expected = plain.generate(prompts(tokenizer), 4, params, seed=0)
+    assert torch.equal(out.response_ids, expected.response_ids)
+    assert torch.equal(out.logprobs, expected.logprobs)
+    monkeypatch.setattr(decoding, "available_memory_bytes", lambda: needed)  # just enough
+    assert_same_rollouts(lean.generate(prompts(tokenizer), 4, params, seed=0), expected, 1e-5)
+    assert len(built) == 1
+
+
+def test_the_lean_samplers_memory_estimate_covers_its_weights_and_cache(tiny):
+    model, _ = tiny
+    weights = LeanWeights.of(model, torch.float32, 12)
+    packed = sum(t.numel() * t.element_size()
+                 for layer in weights.layers for linear in (layer.qkv, layer.out, layer.gate_up,
+                                                            layer.down)
+                 for t in (linear.weight,) if isinstance(t, torch.Tensor))
+    packed += weights.lm_head.weight.numel() * weights.lm_head.weight.element_size()
+    cache = lean_module.KVCache(weights, 3, 10, 4, 30)
+    cache_bytes = sum(t.numel() * t.element_size() for t in (
+        cache.prompt_keys, cache.prompt_values, cache.keys, cache.values))
+    estimate = decoding.sampling_bytes(model, torch.float32, 12, 40)
+    assert 0.9 * packed + cache_bytes <= estimate <= 1.2 * packed + 4 * cache_bytes
+
+
+def test_available_memory_honours_the_data_limit(monkeypatch):
+    free = decoding.available_memory_bytes()
+    assert 0 < free < 2**62
+    used = decoding._data_bytes()
+    monkeypatch.setattr(decoding.resource, "getrlimit", lambda _: (used + 2**20, used + 2**20))
+    assert decoding.available_memory_bytes() <= 2**20
