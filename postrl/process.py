@@ -72,6 +72,24 @@ def return_freed_memory() -> bool:
     return applied
 
 
+class _MallocInfo(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (malloc.h, glibc 2.33 and later)."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def free_heap_bytes() -> int:
+    """Bytes glibc's malloc holds free in its heaps (``mallinfo2().fordblks``): memory this
+    process already has that a new allocation may reuse (0 where that is unknown)."""
+    info = _glibc_function("mallinfo2")
+    if info is None:
+        return 0
+    info.restype = _MallocInfo
+    return int(info().fordblks)
+
+
 def _malloc_options(settings: tuple[tuple[int, int], ...]) -> bool:
     """glibc's ``mallopt(option, value)`` for each of ``settings``, in order, until one is
     refused; whether all were taken (False where the C library is not glibc)."""

@@ -15,17 +15,13 @@ import pytest
 from postrl.process import _glibc_function
 
 PROBE = textwrap.dedent("""
-    import ctypes, sys
+    import sys
     import torch
-    from postrl.process import _glibc_function, keep_freed_memory, return_freed_memory
+    from postrl.process import (_glibc_function, _MallocInfo, free_heap_bytes,
+                                keep_freed_memory, return_freed_memory)
 
-    class MallInfo2(ctypes.Structure):  # glibc >= 2.33
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-            "uordblks", "fordblks", "keepcost")]
-
-    info = _glibc_function("mallinfo2")
-    info.restype = MallInfo2
+    info = _glibc_function("mallinfo2")  # glibc >= 2.33
+    info.restype = _MallocInfo
     if sys.argv[1] == "keep":
         applied = keep_freed_memory()
     elif sys.argv[1] == "return":
@@ -46,12 +42,12 @@ PROBE = textwrap.dedent("""
     tensor = torch.ones(size // 4)  # 64 MB, twice glibc's largest mmap threshold
     held = info()
     del tensor
-    freed = info()
+    kept = free_heap_bytes() >= size  # the heap holds the freed tensor for reuse
     # 2 MB tensors, more than the heap's free blocks can hold: mapped, or from the heap
     before = info().hblkhd
     small = [torch.ones(2**19) for _ in range(128)]
     small_mapped = info().hblkhd - before >= 64 * 2**21
-    print(applied, held.hblkhd >= size, freed.fordblks >= size, small_mapped)
+    print(applied, held.hblkhd >= size, kept, small_mapped)
 """)
 
 

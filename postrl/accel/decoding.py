@@ -20,6 +20,7 @@ from postrl.accel.recorded import (
     record_dtype,
 )
 from postrl.models import layers
+from postrl.process import free_heap_bytes
 
 # the most of the machine's memory a recorded forward may take (at most, every slot written)
 RECORD_MEMORY_SHARE = 0.25
@@ -89,8 +90,8 @@ def sampling_bytes(model, dtype: torch.dtype, rows: int, columns: int) -> int:
 
 def available_memory_bytes() -> int:
     """The memory this process may still take: the kernel's estimate of what is available
-    (``MemAvailable``), and no more than its data limit (``RLIMIT_DATA``) leaves; where
-    neither is known (not Linux), no limit."""
+    (``MemAvailable``), and no more than its data limit (``RLIMIT_DATA``) leaves, each plus
+    what its C heap holds free for reuse; where neither is known (not Linux), no limit."""
     available = None
     try:
         with open("/proc/meminfo") as meminfo:
@@ -103,7 +104,7 @@ def available_memory_bytes() -> int:
     if limit != resource.RLIM_INFINITY:
         left = limit - _data_bytes()
         available = left if available is None else min(available, left)
-    return sys.maxsize if available is None else available
+    return sys.maxsize if available is None else available + free_heap_bytes()
 
 
 def _data_bytes() -> int:

@@ -285,9 +285,13 @@ def test_the_lean_samplers_memory_estimate_covers_its_weights_and_cache(tiny):
     assert 0.9 * packed + cache_bytes <= estimate <= 1.2 * packed + 4 * cache_bytes
 
 
-def test_available_memory_honours_the_data_limit(monkeypatch):
+def test_available_memory_honours_the_data_limit_and_counts_the_free_heap(monkeypatch):
+    """What the data limit leaves, plus what the C heap holds free for reuse."""
     free = decoding.available_memory_bytes()
     assert 0 < free < 2**62
     used = decoding._data_bytes()
     monkeypatch.setattr(decoding.resource, "getrlimit", lambda _: (used + 2**20, used + 2**20))
+    monkeypatch.setattr(decoding, "free_heap_bytes", lambda: 0)
     assert decoding.available_memory_bytes() <= 2**20
+    monkeypatch.setattr(decoding, "free_heap_bytes", lambda: 2**30)
+    assert 2**30 <= decoding.available_memory_bytes() <= 2**30 + 2**20
