@@ -1,7 +1,8 @@
 """How postrl's step grows: step time and peak memory against response length and model size.
 
     python bench/growth.py [--lengths 64,256,1024] [--models 135m,360m,1.7b] [--steps 2]
-                           [--lora-r R] [--out runs/growth] [--gsm8k PATH]
+                           [--lora-r R] [--gradient-checkpointing] [--out runs/growth]
+                           [--gsm8k PATH]
 
 Each cell is one child process (its peak RSS its own) training postrl's ``dr_grpo`` on GSM8K
 questions, 4 prompts x 8 responses of at most LENGTH new tokens, fp32 (``bf16-master`` where
@@ -13,7 +14,8 @@ samples its end-of-sequence token, so its responses run to the budget: each leng
 case. The reward is :func:`text_hash`: every response a different score, so every row is
 trained whatever the model writes. ``--lora-r R`` trains rank-R LoRA adapters on the attention
 projections instead of all weights (``lora.r``): how a model whose full training state does not
-fit in memory is trained here; its cells are files and rows of their own.
+fit in memory is trained here; ``--gradient-checkpointing`` recomputes each layer in the
+backward (``gradient_checkpointing=true``). Either gives cells files and rows of their own.
 
 A cell may use at most ``--memory-limit-gb`` (default 90% of this machine's memory); one that
 needs more is recorded as not fitting. Each cell's result is written to OUT/MODEL-LENGTH.json
@@ -78,9 +80,11 @@ def model_dir(name: str, root: Path) -> str:
     return str(target)
 
 
-def run_cell(model: str, length: int, steps: int, gsm8k: Path, lora_r: int = 0) -> dict:
+def run_cell(model: str, length: int, steps: int, gsm8k: Path, lora_r: int = 0,
+             checkpointing: bool = False) -> dict:
     """One cell, in this process: ``steps`` postrl steps, the first untimed; rank-``lora_r``
-    adapters trained instead of all weights where ``lora_r`` > 0."""
+    adapters trained instead of all weights where ``lora_r`` > 0; each layer recomputed in
+    the backward with ``checkpointing``."""
     from postrl.config import load_config
     from postrl.models.precision import cpu_bf16_reason
     from postrl.train.trainer import Trainer
@@ -92,6 +96,7 @@ def run_cell(model: str, length: int, steps: int, gsm8k: Path, lora_r: int = 0) 
         f"rewards=[{__file__}:text_hash]", f"prompts_per_step={PROMPTS}",
         f"group_size={GROUP}", f"max_new_tokens={length}", f"precision={precision}",
         f"micro_batch_tokens={MICRO_BATCH_TOKENS}", f"lora.r={lora_r}",
+        f"gradient_checkpointing={str(checkpointing).lower()}",
         f"out={tempfile.mkdtemp()}/run", "quiet=true", f"steps={steps}"])
     trainer = Trainer(cfg)
     rows = [trainer.train_step() for _ in range(steps)][1:]
@@ -104,23 +109,26 @@ def run_cell(model: str, length: int, steps: int, gsm8k: Path, lora_r: int = 0) 
 
 def spawn(model: str, length: int, args) -> dict:
     return run_child([__file__, "--child", model, "--lengths", str(length), "--steps",
-                      str(args.steps), "--gsm8k", args.gsm8k, "--lora-r", str(args.lora_r)],
+                      str(args.steps), "--gsm8k", args.gsm8k, "--lora-r", str(args.lora_r)]
+                     + ["--gradient-checkpointing"] * args.gradient_checkpointing,
                      args.memory_limit_gb, f"{model} at {length} tokens")
 
 
-def cell_name(model: str, length: int, lora_r: int) -> str:
-    """A cell's file stem: ``360m-256``, or ``1.7b-64-lora16`` with adapters."""
-    return f"{model}-{length}" + (f"-lora{lora_r}" if lora_r else "")
+def cell_name(model: str, length: int, lora_r: int, checkpointing: bool) -> str:
+    """A cell's file stem: ``360m-256``; ``1.7b-64-lora16`` with adapters, ``-ckpt`` with
+    the layers recomputed."""
+    return (f"{model}-{length}" + (f"-lora{lora_r}" if lora_r else "")
+            + ("-ckpt" if checkpointing else ""))
 
 
 def print_table(results: dict[tuple[str, int], dict]) -> None:
-    print(f"{'model':<14}{'length':>7}{'precision':>12}{'step s':>9}{'generate s':>12}"
+    print(f"{'model':<18}{'length':>7}{'precision':>12}{'step s':>9}{'generate s':>12}"
           f"{'train s':>9}{'tokens/step':>13}{'ms/token':>10}{'peak RSS MB':>13}")
     for (model, length), r in results.items():
         if "failed" in r:
-            print(f"{model:<14}{length:>7}  {r['failed']}")
+            print(f"{model:<18}{length:>7}  {r['failed']}")
             continue
-        print(f"{model:<14}{length:>7}{r['precision']:>12}{r['step_s']:>9.2f}"
+        print(f"{model:<18}{length:>7}{r['precision']:>12}{r['step_s']:>9.2f}"
               f"{r['generate_s']:>12.2f}{r['train_s']:>9.2f}{r['tokens']:>13.0f}"
               f"{1e3 * r['step_s'] / r['tokens']:>10.2f}{r['peak_rss_mb']:>13.0f}")
 
@@ -132,6 +140,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="steps per cell, the first untimed")
     parser.add_argument("--lora-r", type=int, default=0,
                         help="train rank-R LoRA adapters instead of all weights (lora.r)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="recompute each layer in the backward (gradient_checkpointing)")
     parser.add_argument("--out", default="runs/growth", help="one JSON file per cell")
     parser.add_argument("--gsm8k", default=str(GSM8K), help="GSM8K's train.jsonl")
     parser.add_argument("--memory-limit-gb", type=float, default=default_memory_limit_gb())
@@ -139,7 +149,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         result = run_cell(args.child, int(args.lengths), args.steps, Path(args.gsm8k),
-                          args.lora_r)
+                          args.lora_r, args.gradient_checkpointing)
         print("RESULT " + json.dumps(result), flush=True)
         return
     models = args.models.split(",")
@@ -152,13 +162,14 @@ def main() -> None:
     results = {}
     for model in models:
         for length in (int(n) for n in args.lengths.split(",")):
-            name = cell_name(model, length, args.lora_r)
+            name = cell_name(model, length, args.lora_r, args.gradient_checkpointing)
             path = out / f"{name}.json"
             if not path.is_file():
                 result = spawn(model_dir(model, out), length, args)
                 path.write_text(json.dumps(result))
                 print(f"  {name} done", flush=True)
-            label = model + (f" lora{args.lora_r}" if args.lora_r else "")
+            label = name.removeprefix(f"{model}-{length}").replace("-", " ")
+            label = model + label
             results[label, length] = json.loads(path.read_text())
     print_table(results)
 
