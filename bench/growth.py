@@ -168,8 +168,7 @@ def main() -> None:
                 result = spawn(model_dir(model, out), length, args)
                 path.write_text(json.dumps(result))
                 print(f"  {name} done", flush=True)
-            label = name.removeprefix(f"{model}-{length}").replace("-", " ")
-            label = model + label
+            label = model + name.removeprefix(f"{model}-{length}").replace("-", " ")
             results[label, length] = json.loads(path.read_text())
     print_table(results)
 

@@ -92,14 +92,7 @@ def available_memory_bytes() -> int:
     """The memory this process may still take: the kernel's estimate of what is available
     (``MemAvailable``), and no more than its data limit (``RLIMIT_DATA``) leaves, each plus
     what its C heap holds free for reuse; where neither is known (not Linux), no limit."""
-    available = None
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    available = _proc_bytes("/proc/meminfo", "MemAvailable")
     limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
     if limit != resource.RLIM_INFINITY:
         left = limit - _data_bytes()
@@ -109,11 +102,16 @@ def available_memory_bytes() -> int:
 
 def _data_bytes() -> int:
     """This process's data segment (``VmData``: what ``RLIMIT_DATA`` counts), 0 unknown."""
+    return _proc_bytes("/proc/self/status", "VmData") or 0
+
+
+def _proc_bytes(path: str, field: str) -> int | None:
+    """A ``field:  N kB`` line of a /proc file, in bytes (None where there is none)."""
     try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmData:"):
+        with open(path) as lines:
+            for line in lines:
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None

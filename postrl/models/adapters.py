@@ -28,9 +28,8 @@ def linear_reason(module: nn.Module) -> str | None:
         return "LoRA adapters switched off or merged into the base weights"
     if module.fan_in_fan_out:
         return "LoRA with fan-in-fan-out weights"
-    active = [name for name in module.active_adapters if name in module.lora_A]
     variants = getattr(module, "lora_variant", {})  # DoRA and others (peft >= 0.15)
-    if any(name in variants or module.use_dora.get(name) for name in active):
+    if any(name in variants or module.use_dora.get(name) for name in _active(module)):
         return "a LoRA variant (DoRA or another)"
     return None
 
@@ -47,10 +46,14 @@ def effective_linear(module: nn.Module) -> tuple[Tensor, Tensor | None]:
         return module.weight.detach(), None if module.bias is None else module.bias.detach()
     base = module.base_layer
     weight = base.weight.detach()
-    for name in module.active_adapters:
-        if name in module.lora_A:
-            weight = weight + module.get_delta_weight(name).detach().to(weight.dtype)
+    for name in _active(module):
+        weight = weight + module.get_delta_weight(name).detach().to(weight.dtype)
     return weight, None if base.bias is None else base.bias.detach()
+
+
+def _active(module: nn.Module) -> list[str]:
+    """The names of a LoRA layer's adapters that its forward applies."""
+    return [name for name in module.active_adapters if name in module.lora_A]
 
 
 def _is_lora_linear(module: nn.Module) -> bool:
