@@ -18,7 +18,7 @@ from rich.table import Table
 from postrl.cliargs import accept_intermixed, append_to_help
 from postrl.components import COMPONENTS, TABLE_COLUMNS, differing, markdown_table, summary_row
 from postrl.errors import PostRLError
-from postrl.recipes import CORE, PRESETS, get_recipe
+from postrl.recipes import CORE, PRESETS
 
 
 def _console() -> Console:
@@ -45,12 +45,14 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    recipe = get_recipe(args.recipe)
+    from postrl.experiments.compare import arm_recipe  # arms as compare and ladder read them
+
+    recipe = arm_recipe(args.recipe, "explain")
     if args.vs is None:
         print(f"{recipe.name}: its components")
         components = list(COMPONENTS)
     else:
-        base = get_recipe(args.vs)
+        base = arm_recipe(args.vs, "explain --vs")
         components = differing(base, recipe)
         count = len(components)
         print(f"{recipe.name} = {base.name} + {count} component change{'s' * (count != 1)}")
@@ -176,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     recipes.add_argument("--markdown", action="store_true", help="print a Markdown table")
     recipes.set_defaults(func=cmd_recipes)
     explain = sub.add_parser("explain", help="a recipe's components, or its difference to another")
-    explain.add_argument("recipe")
+    explain.add_argument("recipe", metavar="RECIPE",
+                         help="a recipe, or NAME:key=value,... as compare and ladder take it")
     explain.add_argument("--vs", metavar="OTHER", help="list only the components that differ")
     explain.set_defaults(func=cmd_explain)
     options = sub.add_parser("options", help="every option of postrl train: type, default, help")

@@ -44,6 +44,18 @@ def test_explain_one_recipe_lists_all_its_components(capsys):
     assert "ratio: sequence ratio (GSPO)" in out and "Zheng et al. 2025 eq. 7" in out
 
 
+def test_explain_takes_arms_as_compare_and_ladder_do(capsys):
+    code, out, _ = run(capsys, "explain", "grpo:kl_coef=0", "--vs", "dr_grpo")
+    assert code == 0
+    assert out.splitlines()[0] == "grpo+kl_coef=0 = dr_grpo + 2 component changes"
+    assert "KL" not in out  # dr_grpo has no KL term, and kl_coef=0 turns grpo's off
+    _, out, _ = run(capsys, "explain", "dapo:clip_high=0.3", "--vs", "dapo")
+    assert out.splitlines()[0] == "dapo+clip_high=0.3 = dapo + 1 component change"
+    assert "eps_high=0.28" in out and "eps_high=0.3" in out
+    code, _, err = run(capsys, "explain", "grpo:lr=1e-5")
+    assert code == 2 and "explain 'grpo:lr=1e-5': takes recipe options only" in err
+
+
 def test_unknown_recipe_is_a_clear_error_without_traceback(capsys):
     code, out, err = run(capsys, "explain", "dapoo", "--vs", "grpo")
     assert code == 2 and out == ""

@@ -96,6 +96,18 @@ def parse_recipe_spec(text: str) -> RunSpec:
     return RunSpec(label=_safe_label(text), preset=name, overrides=tuple(overrides))
 
 
+def arm_recipe(text: str, where: str, config_file: str | None = None,
+               overrides: Sequence[str] = ()) -> Recipe:
+    """An arm that names a recipe, not a run (ladder's FROM and TO, ``explain``):
+    ``NAME[:recipe options]`` as :func:`parse_recipe_spec` reads it, recipe options only, over
+    the optional config file and overrides; the recipe is named by the arm's label."""
+    spec = parse_recipe_spec(text)
+    if any(not o.startswith("recipe_options.") for o in spec.overrides):
+        raise ConfigError(f"{where} {text!r}: takes recipe options only")
+    cfg = load_config(config_file, [*overrides, f"recipe={spec.preset}", *spec.overrides])
+    return cfg.build_recipe().with_(name=spec.label)
+
+
 NOISE_SEED_STRIDE = 1_000  # sampling_seed of a repeated recipe: seed + stride x (copy - 1)
 
 

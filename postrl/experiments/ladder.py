@@ -16,12 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from postrl.components import COMPONENTS, Component, differing
-from postrl.config import load_config
 from postrl.errors import ConfigError
 from postrl.experiments.compare import (
     RunSpec,
     add_common_arguments,
-    parse_recipe_spec,
+    arm_recipe,
     run_comparison,
 )
 from postrl.recipes import PRESETS, Recipe, get_recipe
@@ -189,11 +188,7 @@ def describe_ladder(rungs: list[Rung]) -> list[str]:
 
 def _endpoint(text: str, args: argparse.Namespace) -> Recipe:
     """FROM or TO (``NAME[:recipe options]``) with the shared recipe_options applied."""
-    spec = parse_recipe_spec(text)
-    if any(not o.startswith("recipe_options.") for o in spec.overrides):
-        raise ConfigError(f"ladder {text!r}: FROM and TO take recipe options only")
-    cfg = load_config(args.config, [*args.overrides, f"recipe={spec.preset}", *spec.overrides])
-    return cfg.build_recipe().with_(name=spec.label)
+    return arm_recipe(text, "ladder", args.config, args.overrides)
 
 
 def add_ladder_arguments(parser: argparse.ArgumentParser) -> None:
