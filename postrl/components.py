@@ -208,7 +208,7 @@ def _mismatch_source(r: Recipe) -> str:
                        "MIS / IcePop, Ling Team 2025; Liu, Li et al. 2025 ('When speed kills "
                        "stability')")
     if r.mismatch_reject is not None:
-        sources.append("geometric rejection, Liu, Li et al. 2025 (verl rollout_rs=geometric)")
+        sources.append("geometric rejection, Liu, Li et al. 2025 (verl rollout_rs=seq_mean_k1)")
     return "; ".join(sources) or "Yao et al. 2025; Liu, Li et al. 2025 (off in every preset)"
 
 

@@ -159,7 +159,7 @@ class Recipe:
                                "Ling Team 2025)")
     mismatch_reject: float | None = opt(
         None, "b > 1: w = 0 for every token of a response whose geometric-mean weight is outside "
-        "[1/b, b] (geometric rejection, Liu, Li et al. 2025; verl's rollout_rs=geometric); "
+        "[1/b, b] (geometric rejection, Liu, Li et al. 2025; verl's rollout_rs=seq_mean_k1); "
         "null = off")
 
     def __post_init__(self) -> None:

@@ -16,11 +16,13 @@ Efficient RL Framework Secretly Brings You Off-Policy RL Training"; Liu, Li et a
 - what is done with large weights: ``truncate`` at C, ``min(w, C)`` (TIS), or ``mask``:
   weight 0 outside ``[low, high]`` (MIS; IcePop, Ling Team 2025, two-sided);
 - sequence rejection: weight 0 for every token of a response whose geometric-mean weight
-  lies outside ``[1/b, b]`` (verl's geometric rejection sampling).
+  lies outside ``[1/b, b]`` (geometric rejection; verl's ``rollout_rs=seq_mean_k1``).
 
 Masked and rejected tokens keep their place in the normalisers (their weight is 0): the step's
 gradient shrinks by their share rather than being renormalised over the rest, which keeps the
-global-batch counts fixed before the update (verl instead drops them from the denominator).
+global-batch counts fixed before the update. verl does the same for its IcePop mask; only its
+rejection sampling (``rollout_rs``) takes tokens out of the normalisers, and only under
+token-mean and, for token-level rejection, seq-mean-token-mean.
 All inputs are response-aligned ``[N, T]`` log-probs of the sampled tokens; nothing here has
 a gradient.
 """

@@ -152,7 +152,9 @@ def cispo(logp, old_logp, adv, mask, eps_high) -> Surrogate:
 
 
 SAPO_LOG_RATIO_BOUND = 20.0  # exp(+-20) keeps the gate's input finite (as verl's SAPO does)
-DPPO_WEIGHT_CAP = 20.0  # the detached IS weight is truncated here (verl's clip_ratio_c default)
+# the detached IS weight is truncated here; verl's clip_ratio_c defaults to 3.0 in its config,
+# 20 is only its code's fallback when the key is missing
+DPPO_WEIGHT_CAP = 20.0
 
 
 def sapo(logp, old_logp, adv, mask, tau_pos, tau_neg) -> Surrogate:
