@@ -11,7 +11,7 @@ to fault in and zero its pages, far below the memory's rate.
 :func:`keep_freed_memory` turns that off for the process (``mallopt``: no mmap for
 allocations, and no returning the heap's free top to the kernel below 2 GiB), so freed blocks
 are reused: training and generation measured faster, at a somewhat higher peak RSS
-(docs/performance-log.md). It changes where memory comes from, never a result. C libraries other
+(bench/log.md). It changes where memory comes from, never a result. C libraries other
 than glibc are left alone.
 
 Kept memory is not reused perfectly: a freed block serves a later request only where that

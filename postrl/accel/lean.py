@@ -57,7 +57,7 @@ class KVCache:
       hold its prompt's columns, then its response's (``[layers, rows, kv_heads, P + max_new,
       dim]``), under ``row_mask``. The prompt copies cost a read per row, but no bookkeeping
       of which prompt the remaining rows sample from: a scatter of queries and a gather of
-      outputs in every layer, which measured as slow or slower (docs/performance-log.md).
+      outputs in every layer, which measured as slow or slower (bench/log.md).
     """
 
     def __init__(self, weights: LeanWeights, prompts: int, prompt_len: int, width: int,
@@ -186,7 +186,7 @@ def _attend_decode(query: Tensor, cache: KVCache, layer: int,
 # Running rows from which a float32 decode step's attention is two batched matmuls around a
 # softmax rather than PyTorch's fused kernel, whose blocking is built for long query blocks:
 # at many rows of a few queries each the matmuls measured faster, at a few rows their
-# separate calls cost more (bench/decode_attention_ab.py, docs/performance-log.md).
+# separate calls cost more (bench/decode_attention_ab.py, bench/log.md).
 MATMUL_ATTENTION_FROM_ROWS = 16
 
 
@@ -332,7 +332,7 @@ def _decode_native(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Te
 # Prompt length (the padded prompts' width) from which a prompt's columns are shared by its
 # samples, where a decode step runs the Python layer loop: for short prompts its second
 # attention call costs more than the copies it saves, for long ones it measured faster
-# (decode steps alternated in one process, docs/performance-log.md).
+# (decode steps alternated in one process, bench/log.md).
 SHARE_PROMPTS_FROM = 64
 # The same where the per-row layout's decode steps run in one call of postrl's kernels
 # (float32 on an AVX-512 or AVX2 CPU, bf16 too on one with AMX or AVX512-BF16): sharing (PyTorch's

@@ -110,7 +110,7 @@ def load_tokenizer(spec: str):
 
 
 # Plain matmul-softmax attention: at RL lengths (a few hundred tokens) on a CPU its backward
-# measured faster than SDPA's flash kernel (bench/roofline.py, docs/performance-log.md).
+# measured faster than SDPA's flash kernel (bench/roofline.py, bench/log.md).
 ATTENTION = "eager"
 
 

@@ -115,7 +115,7 @@ def cpu_bf16_reason() -> str | None:
     PyTorch runs bf16 matmuls on the CPU through oneDNN where oneDNN supports bf16 on the CPU
     (AVX-512; natively with AVX512-BF16 or AMX) and through generic fallback kernels elsewhere.
     On a CPU with AVX2 only those measured several times slower than float32
-    (docs/performance-log.md)."""
+    (bench/log.md)."""
     if cpu_has_fast_bf16():
         return None
     return (f"this CPU has no fast bf16 matmuls (PyTorch's CPU capability: "

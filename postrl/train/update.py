@@ -131,7 +131,7 @@ def clip_gradients(parameters: list[nn.Parameter], max_norm: float) -> Tensor:
     scaled to ``max_norm`` where it is larger. For dense float32 CPU gradients (one process,
     or DDP's), the sum of squares is one BLAS dot product per gradient and the gradients are
     scaled only when the norm exceeds ``max_norm`` (PyTorch always multiplies, by 1 at most,
-    to spare an accelerator a host sync; docs/performance-log.md). Anything else (FSDP's
+    to spare an accelerator a host sync; bench/log.md). Anything else (FSDP's
     sharded gradients, other devices or dtypes) goes to PyTorch's."""
     grads = [p.grad for p in parameters if p.grad is not None]
     plain = all(type(g) is Tensor and g.device.type == "cpu" and g.layout == torch.strided

@@ -5,7 +5,7 @@
  *
  * A decode step multiplies a few rows by every weight once, so it is bound by reading the
  * weights, which oneDNN's packed bf16 linear read well below the memory's rate at the
- * bench's rows (docs/performance-log.md). The second operand is packed into panels of 16 output
+ * bench's rows (bench/log.md). The second operand is packed into panels of 16 output
  * columns, each a run of 1 KB tiles (32 inputs by 16 outputs, the pairs of inputs side by
  * side as TDPBF16PS reads them), so a panel is one sequential stream: a weight `[n, k]` once
  * per `generate` (postrl_bf16_pack), or a `[k, n]` matrix by each thread within the product,

@@ -3,7 +3,7 @@
  * layer does between its linears.
  *
  * Between its linears, a decode step runs small operations on a few rows: PyTorch spends more
- * on dispatching them than on their arithmetic (docs/performance-log.md). Here each is one
+ * on dispatching them than on their arithmetic (bench/log.md). Here each is one
  * call per layer: the rotary embedding of queries and keys, stored with the values straight
  * into the KV cache's column; the residual add with the RMSNorm after it, in one pass per
  * row; SiLU(gate) * up; the attention of each row's queries over its own cached columns, the

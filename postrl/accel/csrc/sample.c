@@ -3,7 +3,7 @@
  * entropy.
  *
  * PyTorch takes a softmax, a float64 cumulative sum and a search over the whole vocabulary,
- * each a pass writing a row's worth of memory (docs/performance-log.md). Here each row is three passes over
+ * each a pass writing a row's worth of memory (bench/log.md). Here each row is three passes over
  * its logits, reading only: their largest value; the sum of the exponentials (and of their
  * products with the logits, for the entropy); and the scan for the token, which stops at it.
  *

@@ -3,7 +3,7 @@
  * layer.
  *
  * Per layer that loop makes nine calls into the kernels, with as many views, outputs and
- * checks in Python, a measurable share of a float32 step (docs/performance-log.md). The kernels and their order here are the loop's own, so the result
+ * checks in Python, a measurable share of a float32 step (bench/log.md). The kernels and their order here are the loop's own, so the result
  * is the same to the bit. It covers the cache's per-row layout (each row's prompt columns
  * copied beside its own); the shared one, with its cascade over the prompts' columns, stays
  * in Python.
