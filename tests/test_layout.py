@@ -1,16 +1,21 @@
 """The house rules a reader relies on, checked so they stay true: no source file longer than
-fits a few screens (400 lines), and no function in ``train/`` with more than six parameters
-(a small dataclass carries what belongs together)."""
+fits a few screens (400 lines), no function in ``train/`` with more than six parameters
+(a small dataclass carries what belongs together), and a README that stays the product's page
+(at most 220 lines, no table cell over 120 characters: the detail lives in docs/)."""
 
 import ast
+import re
 from pathlib import Path
 
 import postrl
 
 ROOT = Path(postrl.__file__).parent
+README = ROOT.parent / "README.md"
 MAX_LINES = 400
 MAX_TRAIN_PARAMETERS = 6
 SOURCES = ("*.py", "*.c", "*.h")
+MAX_README_LINES = 220
+MAX_README_CELL = 120
 
 
 def long_files(root: Path, limit: int) -> list[str]:
@@ -41,12 +46,33 @@ def wide_functions(root: Path, limit: int) -> list[str]:
     return [f"{path}:{line} {name}: {count}" for path, line, name, count in sorted(found)]
 
 
+def wide_cells(markdown: str, limit: int) -> list[str]:
+    """Table cells of ``markdown`` (outside fenced code) longer than ``limit`` characters, as
+    ``line N: length``; an escaped ``\\|`` does not end a cell."""
+    found, fenced = [], False
+    for number, line in enumerate(markdown.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if fenced or not line.lstrip().startswith("|"):
+            continue
+        for cell in re.split(r"(?<!\\)\|", line.strip().strip("|")):
+            if len(cell.strip()) > limit:
+                found.append(f"line {number}: {len(cell.strip())}")
+    return found
+
+
 def test_no_source_file_is_longer_than_400_lines():
     assert long_files(ROOT, MAX_LINES) == []
 
 
 def test_no_function_in_train_takes_more_than_six_parameters():
     assert wide_functions(ROOT / "train", MAX_TRAIN_PARAMETERS) == []
+
+
+def test_the_readme_is_a_page_with_narrow_tables():
+    text = README.read_text()
+    assert len(text.splitlines()) <= MAX_README_LINES
+    assert wide_cells(text, MAX_README_CELL) == []
 
 
 def test_the_checks_find_what_they_look_for(tmp_path):
@@ -58,3 +84,6 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     assert wide_functions(tmp_path, 6) == ["wide.py:1 f: 7"]
     assert wide_functions(tmp_path, 2) == ["wide.py:1 f: 7", "wide.py:4 m: 6", "wide.py:6 h: 3"]
     assert long_files(tmp_path, 400) == ["long.c: 401 lines"]
+    table = "| a | " + "x" * 121 + " |\n|---|---|\n| `p \\| q` | " + "y" * 120 + " |\n"
+    assert wide_cells(table, 120) == ["line 1: 121"]
+    assert wide_cells("```\n| " + "z" * 200 + " |\n```\n", 120) == []
