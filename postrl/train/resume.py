@@ -25,7 +25,8 @@ RESUMABLE_CHANGES = {"out", "resume", "overwrite", "steps", "token_budget", "qui
                      "save_every", "keep_last", "eval_every", "eval_n", "eval_samples",
                      "log_samples", "save_rollouts_every", "threads", "reuse_freed_memory",
                      "torch_compile", "gradient_checkpointing", "reuse_sampler_forward",
-                     "device", "vllm_gpu_memory_utilization", "vllm_enforce_eager"}
+                     "device", "vllm_gpu_memory_utilization", "vllm_enforce_eager",
+                     "vllm_kv_cache_gb"}
 COUNTERS = ("step", "tokens_generated", "tokens_wasted", "responses", "skipped_steps",
             "skipped_in_a_row")
 

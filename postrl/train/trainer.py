@@ -31,7 +31,7 @@ from postrl.telemetry.run_dir import check_out_path
 from postrl.telemetry.run_lock import RunLock
 from postrl.telemetry.trackers import check_sinks
 from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
-from postrl.train.distributed.weights import trainable_state
+from postrl.train.distributed.weights import engine_weights
 from postrl.train.evaluate import training_eval
 from postrl.train.grading import Grader
 from postrl.train.metrics import sample_rows, step_metrics
@@ -156,6 +156,8 @@ class Trainer:
         try:
             if cluster is not None:
                 cluster.close()
+            elif hasattr(getattr(self, "engine", None), "close"):  # vLLM's processes
+                self.engine.close()
         finally:
             run = getattr(self, "run", None)
             if failed and run is not None:
@@ -363,5 +365,5 @@ class Trainer:
             results = run_updates(models, batch, self.recipe, self.loss_cfg, settings, plan)
             drop_gradients(models)  # the next update makes them afresh: not held in sampling
             if self.cfg.rollout_backend == "vllm":  # the engine's copy of the weights
-                self.engine.load_weights(trainable_state(self.lm))
+                self.engine.load_weights(engine_weights(self.lm))
         return average_rounds([round_metrics(r) for r in results])

@@ -6,39 +6,58 @@ parts of vLLM's API the engine uses, as this module spells them; these tests pin
 of that contract, not vLLM's API itself (tests/distributed/test_vllm.py runs the real engine
 where there is a GPU and vLLM)."""
 
+import os
 import pickle
 import sys
+import tempfile
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from postrl.config import TrainConfig
+from postrl.errors import ConfigError
 from postrl.rollout import SamplingParams
-from postrl.rollout.vllm import VLLMOptions, VLLMRolloutEngine, sample_seed, weight_buckets
+from postrl.rollout.vllm import (
+    VLLMOptions,
+    VLLMRolloutEngine,
+    cpu_threads,
+    import_vllm,
+    sample_seed,
+    weight_buckets,
+)
 from postrl.train.distributed.weights import trainable_state
 
 
-class FakeModel:
+class FakeWorker:
+    """vLLM's worker as the reload function sees it: ``reload_weights`` and a model whose
+    tied head records when it is processed again."""
+
     def __init__(self, log: list) -> None:
         self.log = log
+        head = SimpleNamespace(quant_method=SimpleNamespace(
+            process_weights_after_loading=lambda layer: log.append(("process head",))))
+        model = SimpleNamespace(lm_head=head, config=SimpleNamespace(tie_word_embeddings=True))
+        # no ``model`` attribute on the runner: the engine must ask for ``get_model()``
+        self.model_runner = SimpleNamespace(get_model=lambda: model)
 
-    def load_weights(self, weights):
-        self.log.append(("load", list(weights)))
+    def reload_weights(self, weights_iterator, is_checkpoint_format):
+        assert is_checkpoint_format
+        self.log.append(("reload", list(weights_iterator)))
 
 
 class FakeLLM:
     """Records its constructor's kwargs and every call; ``generate`` answers with the
-    completions queued on ``replies``."""
+    completions queued on ``replies``. A weight push is logged as the files it names, read
+    while they exist."""
 
     def __init__(self, **kwargs) -> None:
         self.kwargs = kwargs
         self.log: list = []
         self.replies: list = []
-        # no ``model`` attribute on the runner: the engine must ask for ``get_model()``
-        runner = SimpleNamespace(get_model=lambda: FakeModel(self.log))
-        self.worker = SimpleNamespace(model_runner=runner)
+        self.worker = FakeWorker(self.log)
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
         assert len(prompts) == len(sampling_params) == len(self.replies)
@@ -46,8 +65,14 @@ class FakeLLM:
         return [SimpleNamespace(outputs=[reply]) for reply in self.replies]
 
     def collective_rpc(self, method, args=(), kwargs=None):
-        # vLLM pickles a plain function to send it to its worker processes
+        from safetensors.torch import load_file
+
+        # vLLM sends a plain function to its worker processes (msgpack, or pickle by value
+        # for a function): plain values only, which paths are
         method, args = pickle.loads(pickle.dumps((method, args)))
+        (paths,) = args
+        assert all(isinstance(path, str) for path in paths)
+        self.log.append(("files", [list(load_file(path).items()) for path in paths]))
         return [method(self.worker, *args, **(kwargs or {}))]
 
     def reset_prefix_cache(self):
@@ -77,6 +102,9 @@ def fake_vllm(monkeypatch):
     vllm.inputs = inputs
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        monkeypatch.setenv(name, "")  # what an engine sets here is undone after the test
+        monkeypatch.delenv(name)
     return vllm
 
 
@@ -99,35 +127,85 @@ def llm_kwargs(engine) -> dict:
     return {k: v for k, v in engine.llm.kwargs.items() if k != "model"}
 
 
+def expected(dtype: str, share: float = 0.5, max_len: int | None = None,
+             eager: bool = True, kv_gb: float | None = 2.0) -> dict:
+    """``vllm.LLM``'s kwargs; the defaults are a CPU's (this machine's, unless a test says
+    the GPU is there)."""
+    kwargs = {"dtype": dtype, "enable_prefix_caching": True, "gpu_memory_utilization": share,
+              "max_model_len": max_len, "enforce_eager": eager,
+              "logprobs_mode": "processed_logprobs"}
+    if kv_gb is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
+    return kwargs
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
 @pytest.mark.parametrize(("precision", "sampler", "dtype"), [
     ("fp32", None, "float32"), ("bf16", None, "bfloat16"), ("bf16-master", None, "bfloat16"),
     ("bf16", "fp32", "float32"), ("fp32", "bf16", "bfloat16")])
 def test_the_engine_takes_the_run_s_options_and_sampling_precision(
-        fake_vllm, scratch, tiny, precision, sampler, dtype):
+        fake_vllm, scratch, on_gpu, tiny, precision, sampler, dtype):
     model, tokenizer = tiny
     cfg = TrainConfig(model="tiny", rollout_backend="vllm", precision=precision,
                       sampler_precision=sampler, vllm_gpu_memory_utilization=0.3,
-                      vllm_max_model_len=256, vllm_enforce_eager=True)
+                      vllm_max_model_len=256, vllm_enforce_eager=True, vllm_kv_cache_gb=1.5)
     engine = VLLMRolloutEngine.from_config(model, tokenizer, cfg)
-    assert llm_kwargs(engine) == {
-        "dtype": dtype, "enable_prefix_caching": True, "gpu_memory_utilization": 0.3,
-        "max_model_len": 256, "enforce_eager": True, "logprobs_mode": "processed_logprobs"}
+    assert llm_kwargs(engine) == expected(dtype, 0.3, 256, eager=True, kv_gb=1.5)
     assert engine.dtype == getattr(torch, dtype)
     model_dir = engine.llm.kwargs["model"]  # the policy's weights and tokenizer, saved
     assert model_dir.startswith(str(scratch)) and (scratch / model_dir / "config.json").exists()
     assert (scratch / model_dir / "tokenizer_config.json").exists()
 
 
-def test_the_options_default_to_the_config_s_defaults(fake_vllm):
+def test_the_options_default_to_the_config_s_defaults(fake_vllm, on_gpu):
     assert VLLMOptions.from_config(TrainConfig()) == VLLMOptions()
     engine = VLLMRolloutEngine("model-dir", SimpleNamespace(pad_token_id=0))
     assert engine.llm.kwargs["model"] == "model-dir"
-    assert llm_kwargs(engine) == {
-        "dtype": "float32", "enable_prefix_caching": True, "gpu_memory_utilization": 0.5,
-        "max_model_len": None, "enforce_eager": False, "logprobs_mode": "processed_logprobs"}
+    assert llm_kwargs(engine) == expected("float32", eager=False, kv_gb=None)
 
 
-def test_the_trainer_builds_its_engine_from_its_config(fake_vllm, scratch, tiny):
+def test_on_a_cpu_the_engine_runs_eagerly_with_its_own_kv_cache_and_every_core(
+        fake_vllm, on_cpu):
+    engine = VLLMRolloutEngine("model-dir", SimpleNamespace(pad_token_id=0))
+    assert llm_kwargs(engine) == expected("float32")
+    cpus = sorted(os.sched_getaffinity(0))
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, cpus))
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    engine = VLLMRolloutEngine("model-dir", SimpleNamespace(pad_token_id=0),
+                               options=VLLMOptions(enforce_eager=False, kv_cache_gb=0.5))
+    assert llm_kwargs(engine) == expected("float32", eager=False, kv_gb=0.5)
+
+
+def test_the_user_s_thread_settings_are_kept():
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0"}
+    assert cpu_threads([0, 1, 3], env) == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert cpu_threads([3, 0, 1], {}) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1,3",
+                                          "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
+def test_a_vllm_broken_by_torchvision_says_what_to_uninstall(tmp_path, monkeypatch):
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text(
+        "raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    with pytest.raises(ConfigError, match="pip uninstall -y torchvision torchaudio torchcodec"):
+        import_vllm()
+    monkeypatch.setitem(sys.modules, "vllm", None)  # not installed
+    with pytest.raises(ConfigError, match=r"needs vLLM: pip install 'postrl\[vllm\]'"):
+        import_vllm()
+
+
+def test_the_trainer_builds_its_engine_from_its_config(fake_vllm, scratch, on_gpu, tiny):
     from postrl.train.trainer import Trainer
 
     model, tokenizer = tiny
@@ -136,12 +214,11 @@ def test_the_trainer_builds_its_engine_from_its_config(fake_vllm, scratch, tiny)
     trainer = SimpleNamespace(cfg=cfg, lm=model, tokenizer=tokenizer, engine=None)
     Trainer._start_engines(trainer)
     assert isinstance(trainer.engine, VLLMRolloutEngine)
-    assert llm_kwargs(trainer.engine) == {
-        "dtype": "bfloat16", "enable_prefix_caching": True, "gpu_memory_utilization": 0.25,
-        "max_model_len": 128, "enforce_eager": False, "logprobs_mode": "processed_logprobs"}
+    assert llm_kwargs(trainer.engine) == expected("bfloat16", 0.25, 128, eager=False,
+                                                  kv_gb=None)
 
 
-def test_a_rollout_actor_builds_its_engine_from_its_config(fake_vllm, scratch, tiny):
+def test_a_rollout_actor_builds_its_engine_from_its_config(fake_vllm, scratch, on_gpu, tiny):
     pytest.importorskip("ray")
     from postrl.train.distributed.rollout import build_engine
 
@@ -150,9 +227,7 @@ def test_a_rollout_actor_builds_its_engine_from_its_config(fake_vllm, scratch, t
                       vllm_gpu_memory_utilization=0.4, vllm_enforce_eager=True)
     engine, load = build_engine(cfg, model.state_dict())
     assert load == engine.load_weights
-    assert llm_kwargs(engine) == {
-        "dtype": "bfloat16", "enable_prefix_caching": True, "gpu_memory_utilization": 0.4,
-        "max_model_len": None, "enforce_eager": True, "logprobs_mode": "processed_logprobs"}
+    assert llm_kwargs(engine) == expected("bfloat16", 0.4, eager=True, kv_gb=None)
 
 
 def test_each_sample_is_one_request_with_its_own_keyed_seed(fake_vllm):
@@ -203,10 +278,14 @@ def test_vllm_s_outputs_become_padded_rollouts(fake_vllm):
 
 
 def pushed(llm) -> list[list[tuple[str, torch.Tensor]]]:
-    """The buckets ``load_weights`` sent, after checking the prefix cache was reset once, last."""
-    assert [entry[0] for entry in llm.log][-1] == "reset"
-    assert [entry[0] for entry in llm.log].count("reset") == 1
-    return [entry[1] for entry in llm.log if entry[0] == "load"]
+    """The buckets (files) ``load_weights`` sent in its one call, after checking that the
+    worker reloaded exactly them, its tied head was processed again, and the prefix cache
+    was reset once, last."""
+    kinds = [entry[0] for entry in llm.log]
+    assert kinds == ["files", "reload", "process head", "reset"]
+    files, reloaded = llm.log[0][1], llm.log[1][1]
+    assert [name for name, _ in reloaded] == [name for bucket in files for name, _ in bucket]
+    return files
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [
@@ -244,3 +323,5 @@ def test_default_buckets_push_a_small_model_in_one_call(fake_vllm, tiny):
     engine = VLLMRolloutEngine("model-dir", SimpleNamespace(pad_token_id=0), "bf16")
     engine.load_weights(trainable_state(model))
     assert len(pushed(engine.llm)) == 1
+    assert not list(Path(tempfile.gettempdir()).glob("postrl-vllm-weights-*"))
+    assert not list(Path("/dev/shm").glob("postrl-vllm-weights-*"))  # the files are gone

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from postrl.buckets import consecutive_buckets
 from postrl.devices import resolve_device, why_no_cuda
 from postrl.errors import ConfigError
+from postrl.models.adapters import has_lora, merged_state
 
 Layout = list[tuple[str, tuple[int, ...], torch.dtype]]  # name, shape, dtype of each tensor
 
@@ -59,6 +60,16 @@ def trainable_state(module: nn.Module, keep: bool = True) -> dict[str, Tensor]:
             if keep:
                 state[name] = whole.to("cpu", copy=True)
     return state
+
+
+def engine_weights(module: nn.Module) -> dict[str, Tensor]:
+    """What a sampler serving the whole model (vLLM) needs after an update: the trainable
+    parameters, or with LoRA every weight under the base model's names with the adapters
+    merged in, as CPU copies. Merged rather than adapter-only: vLLM's CPU build serves no
+    LoRA, and a merged push costs one model's weights (about 1 s for SmolLM2-135M)."""
+    if not has_lora(module):
+        return trainable_state(module)
+    return {name: tensor.to("cpu", copy=True) for name, tensor in merged_state(module).items()}
 
 
 def trainable_layout(module: nn.Module) -> Layout:
