@@ -102,6 +102,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("time/score_s", "s", "seconds spent in reward functions this step"),
     Metric("time/reference_s", "s", "seconds spent on old-policy and reference log-probs"),
     Metric("time/train_s", "s", "seconds spent in forward, backward and optimizer steps"),
+    Metric("time/sync_s", "s", "seconds copying the new weights into a sampler with its own copy (vLLM; 0 otherwise)"),
     Metric("time/eval_s", "s", "seconds spent on held-out evaluation this step (not in step_s)"),
     Metric("time/step_s", "s", "wall-clock seconds of the whole step"),
     Metric("throughput/tokens_per_s", "tokens/s", "generated tokens this step / step seconds"),

@@ -59,6 +59,7 @@ def step_metrics(trainer: Trainer, collected: Collected, batch: TrainBatch | Non
         "time/score_s": timings["score"],
         "time/reference_s": timings["reference"],
         "time/train_s": timings["train"],
+        "time/sync_s": timings["sync"],
         "time/step_s": step_seconds,
         "throughput/tokens_per_s": collected.tokens_generated / max(step_seconds, 1e-9),
         "memory/peak_gb": peak_memory_gb(trainer.device),

@@ -218,7 +218,7 @@ class Trainer:
         maybe_save(self, final)
 
     def train_step(self) -> dict[str, float]:
-        timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
+        timings = dict.fromkeys(("generate", "score", "reference", "train", "sync"), 0.0)
         started = time.perf_counter()
         if self.device.type == "cuda":  # memory/peak_gb is this step's
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -239,6 +239,10 @@ class Trainer:
             t = time.perf_counter()
             update_metrics = self._update(batch)
             timings["train"] = time.perf_counter() - t
+            t = time.perf_counter()
+            if self.cluster is None and self.cfg.rollout_backend == "vllm":  # its own copy
+                self.engine.load_weights(engine_weights(self.lm))
+            timings["sync"] = time.perf_counter() - t
         for group in collected.generated:  # no record is read after the update
             if group.rollouts.recorded is not None:
                 group.rollouts.recorded.release()
@@ -364,6 +368,4 @@ class Trainer:
                                self.critic_optimizer, self.master)
             results = run_updates(models, batch, self.recipe, self.loss_cfg, settings, plan)
             drop_gradients(models)  # the next update makes them afresh: not held in sampling
-            if self.cfg.rollout_backend == "vllm":  # the engine's copy of the weights
-                self.engine.load_weights(engine_weights(self.lm))
         return average_rounds([round_metrics(r) for r in results])

@@ -241,3 +241,32 @@ def test_compare_runs_arms_with_the_engine(model_dir, tmp_path):
     runs = sorted(p.parent for p in out.rglob("metrics.jsonl"))
     assert len(runs) == 2
     assert all(len(metrics(run)) == 2 for run in runs)
+
+
+@needs_vllm
+def test_smollm2_trains_five_grpo_steps_with_the_engine(tmp_path, monkeypatch):
+    """SmolLM2-135M-Instruct, 5 GRPO steps sampled by vLLM in fp32: ``mismatch/kl_k3`` on every
+    step, and the engine's log-probs of a fixed sequence move with every update while they
+    stay the trainer's."""
+    out = tmp_path / "smollm2"
+    trainer = Trainer(load_config(None, [
+        "model=smollm2-135m-instruct", "rollout_backend=vllm", "recipe=grpo", "steps=5",
+        "prompts_per_step=4", "group_size=4", "max_new_tokens=48", "lr=1e-5", "quiet=true",
+        "vllm_kv_cache_gb=1", f"out={out}"]))
+    ids = trainer.tokenizer(FIXED).input_ids
+    scores = [engine_logprobs(trainer.engine, ids)]
+    push = trainer.engine.load_weights
+
+    def push_and_score(weights):
+        push(weights)
+        scores.append(engine_logprobs(trainer.engine, ids))
+        assert (scores[-1] - token_logprobs(trainer.lm, ids)).abs().max() < 2e-3
+
+    monkeypatch.setattr(trainer.engine, "load_weights", push_and_score)
+    trainer.train()
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert all(0 <= r["mismatch/kl_k3"] < 1e-3 for r in rows)
+    assert len(scores) == 6
+    for before, after in zip(scores, scores[1:], strict=False):
+        assert (after - before).abs().max() > 1e-4
