@@ -34,6 +34,7 @@ vLLM is imported when an engine is built, never at import time.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -117,7 +118,7 @@ def _read_weights(paths: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
 
     for path in paths:
         with safe_open(path, framework="pt") as tensors:
-            for name in tensors.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            for name in tensors.keys():  # safe_open has no __iter__
                 yield name, tensors.get_tensor(name)
 
 
@@ -150,6 +151,17 @@ def _check_cpu_head_size(config) -> None:
                           "model=tiny has 16: use a model directory, or rollout_backend=hf)")
 
 
+def _check_not_a_spawned_script() -> None:
+    """vLLM starts its engine in spawned processes, which import the script that started
+    them: without ``if __name__ == "__main__":`` that script builds another engine there.
+    Said by name, before vLLM's own error about bootstrapping."""
+    main = sys.modules.get("__main__")
+    if getattr(main, "__name__", None) == "__mp_main__":
+        raise ConfigError(f"rollout_backend=vllm: {getattr(main, '__file__', 'the script')} "
+                          "starts training when it is imported, and vLLM's engine processes "
+                          "import it; put that code under `if __name__ == \"__main__\":`")
+
+
 def _shared_memory() -> str | None:
     """Where weight files travel: RAM-backed ``/dev/shm`` where there is one."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -174,6 +186,7 @@ def import_vllm():
 class VLLMRolloutEngine:
     def __init__(self, model_dir: str, tokenizer, precision: str = "fp32",
                  options: VLLMOptions = VLLMOptions()) -> None:
+        _check_not_a_spawned_script()
         vllm = import_vllm()
         # collective_rpc sends the reload function itself (cloudpickle)
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")

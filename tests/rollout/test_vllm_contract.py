@@ -325,3 +325,13 @@ def test_default_buckets_push_a_small_model_in_one_call(fake_vllm, tiny):
     assert len(pushed(engine.llm)) == 1
     assert not list(Path(tempfile.gettempdir()).glob("postrl-vllm-weights-*"))
     assert not list(Path("/dev/shm").glob("postrl-vllm-weights-*"))  # the files are gone
+
+
+def test_a_script_without_a_main_guard_is_told_so(fake_vllm, monkeypatch):
+    spawned = types.ModuleType("__mp_main__")  # how a spawned process holds the script
+    spawned.__file__ = "train_me.py"
+    monkeypatch.setitem(sys.modules, "__main__", spawned)
+    with pytest.raises(ConfigError, match=r"train_me.py starts training when it is imported.*"
+                                          r"if __name__ == \"__main__\":"):
+        VLLMRolloutEngine("model-dir", SimpleNamespace(pad_token_id=0))
+    assert not fake_vllm.built
