@@ -21,10 +21,14 @@ import sys
 from pathlib import Path
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
+# GSM8K's own verifier scores nearly every SmolLM2 answer 0, so every group would have zero
+# variance: no update, and nothing for the replay. Closeness to the answer varies (regimes.py).
+REWARD = f"{Path(__file__).with_name('regimes.py')}:answer_closeness"
 STEPS = 3
 COMMON = ["model=smollm2-135m-instruct", "recipe=grpo", "prompts_per_step=4", "group_size=4",
           "max_new_tokens=128", "temperature=1.0", "seed=0", f"steps={STEPS}", "quiet=true",
-          "reuse_sampler_forward=false", "save_rollouts_every=1", "vllm_kv_cache_gb=2"]
+          "reuse_sampler_forward=false", "save_rollouts_every=1", "vllm_kv_cache_gb=2",
+          f"rewards=[{REWARD}]"]
 ARMS = {  # name: (sampler, its precision, the update's precision, options)
     "A": ("vLLM", "fp32", "fp32", ["rollout_backend=vllm"]),
     "B": ("vLLM", "bf16", "fp32", ["rollout_backend=vllm", "sampler_precision=bf16"]),
