@@ -98,7 +98,7 @@ def update_ab(description: str, argv: list[str] | None,
 def on_first_batch(trainer, args, update: Callable[[Any], Any]) -> None:
     """``trainer``'s first step with ``update(batch)`` in place of its update; then what the
     batch held."""
-    trainer._update = update
+    trainer.phases.update = update
     row = trainer.train_step()
     print(f"{args.regime}: responses of {row['length/mean']:.0f} tokens on average, the "
           f"longest {row['length/max']:.0f}; {args.micro_batch_size} rows per micro-batch")

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     args, trainer = update_ab(__doc__.splitlines()[0], argv)
-    default, update = ops.FUSED_ATTENTION_SCORES, trainer._update
+    default, update = ops.FUSED_ATTENTION_SCORES, trainer.phases.update
 
     def both_ways(batch):
         def run(sdpa: bool | None):

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
                             help="one way alone (--reps runs), for its resident peak")
 
     args, trainer = update_ab(__doc__.splitlines()[0], argv, only_option)
-    update, decoder = trainer._update, causal_lm(trainer.lm).model.layers
+    update, decoder = trainer.phases.update, causal_lm(trainer.lm).model.layers
     only = None if args.only is None else WAYS[args.only]
     ways = ([None, *alternating(args.reps)] if only is None
             else [None, *[only] * args.reps])

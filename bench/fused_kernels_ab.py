@@ -96,7 +96,7 @@ def main() -> None:
     regime = parse_regimes(args.regime, Path(args.gsm8k))[0]
     config = postrl_config(args.steps, seed=0, precision=args.precision, regime=regime)
     trainer = Trainer(dataclasses.replace(config, reuse_sampler_forward=not args.multiply))
-    original = trainer._update
+    original = trainer.phases.update
 
     def both_ways(batch):
         if trainer.step < args.steps - 1:
@@ -120,7 +120,7 @@ def main() -> None:
               f"{fused_:.3f} s ({fused_ / without:.3f})")
         return metrics
 
-    trainer._update = both_ways
+    trainer.phases.update = both_ways
     for _ in range(args.steps):
         trainer.train_step()
 

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     args, trainer = update_ab(__doc__.splitlines()[0], argv)
-    pack, update = logprobs.pack_responses, trainer._update
+    pack, update = logprobs.pack_responses, trainer.phases.update
     columns = {True: 0, False: 0}  # response columns through the layers in one update
 
     def both_ways(batch):

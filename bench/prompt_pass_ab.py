@@ -87,7 +87,7 @@ def recipes(steps: int) -> None:
     print(f"{'recipe':<24}{'two passes s':>14}{'one pass s':>12}{'ratio':>7}")
     for name in recipe_names():
         trainer = Trainer(recipe_config(name, steps))
-        prepare, update = trainer._prepare, trainer._update
+        prepare, update = trainer.phases.prepare, trainer.phases.update
         times: dict[bool, list[float]] = {True: [], False: []}
 
         def both_ways(batch, trainer=trainer, prepare=prepare, update=update, times=times):
@@ -103,7 +103,7 @@ def recipes(steps: int) -> None:
                 times[way] += seconds
             return metrics  # the last run's: both ways give the same, up to float rounding
 
-        trainer._prepare, trainer._update = (lambda batch: None), both_ways
+        trainer.phases.prepare, trainer.phases.update = (lambda batch: None), both_ways
         for _ in range(steps):
             trainer.train_step()
         two, one = (statistics.median(times[way][2:]) for way in (False, True))

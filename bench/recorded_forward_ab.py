@@ -41,7 +41,7 @@ def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32
     trainer = Trainer(postrl_config(steps, seed=0, precision=precision,
                                     **({"regime": regime} if regime else {})))
     assert trainer.engine.record_forward
-    original = trainer._update
+    original = trainer.phases.update
     totals: dict[bool, list[float]] = {True: [], False: []}
     peaks = {True: 0.0, False: 0.0}
     label = "compiled, mult. s" if compiled else "multiplies s"
@@ -68,7 +68,7 @@ def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32
               f"{recorded / plain:>7.3f}", flush=True)
         return metrics  # the last run's: both ways make the same step to float32 roundoff
 
-    trainer._update = both_ways
+    trainer.phases.update = both_ways
     for _ in range(steps):
         trainer.train_step()
     print(f"sum of step medians: multiplies {sum(totals[False]):.2f} s, "

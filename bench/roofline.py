@@ -91,8 +91,8 @@ def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False)
 
     trainer.engine.generate = noting_records
     batches = []  # each step's batch, as the update gets it (the step releases its record)
-    update = trainer._update
-    trainer._update = lambda batch: batches.append(batch) or update(batch)
+    update = trainer.phases.update
+    trainer.phases.update = lambda batch: batches.append(batch) or update(batch)
     rows = []
     for _ in range(cfg.steps):
         rows.append(trainer.train_step())

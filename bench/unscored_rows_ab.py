@@ -50,7 +50,7 @@ def update(steps: int, reps: int) -> None:
     from postrl.train.trainer import Trainer
 
     trainer = Trainer(postrl_config(steps, seed=0))
-    original = trainer._update
+    original = trainer.phases.update
     totals: dict[bool, list[float]] = {True: [], False: []}
     zero_groups: list[int] = []
     print(f"{'step':>4}{'zero-var groups':>17}{'their tokens':>14}{'forward only s':>16}"
@@ -74,7 +74,7 @@ def update(steps: int, reps: int) -> None:
               f"{none / forward:>7.3f}", flush=True)
         return metrics  # the last run's: both ways give the same step
 
-    trainer._update = both_ways
+    trainer.phases.update = both_ways
     for _ in range(steps):
         trainer.train_step()
     print(f"sum of step medians: forward only {sum(totals[False]):.2f} s, "

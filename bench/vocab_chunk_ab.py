@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     ways = args.ways
     trainer = regime_trainer(args)
     defaults = logprobs.HEAD_CHUNK_TOKENS, vocab.BLOCK_ELEMENTS
-    update = trainer._update
+    update = trainer.phases.update
 
     def every_way(batch):
         def run(way):
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{runs_text(times[way], peaks[way])}", flush=True)
         return metrics
 
-    trainer._update = every_way
+    trainer.phases.update = every_way
     row = trainer.train_step()
     print(f"{args.regime}: responses of {row['length/mean']:.0f} tokens on average, "
           f"{int(row['rollout/tokens_generated'])} generated")

@@ -152,14 +152,14 @@ def record_prompts(trainer) -> list[list[str]]:
 def record_work(trainer) -> list[dict]:
     """What each of ``trainer``'s steps from now on had to compute (``regimes.StepWork``)."""
     works = []
-    update = trainer._update
+    update = trainer.phases.update
 
     def recorded(batch):
         metrics = update(batch)
         works.append(as_dict(step_work(trainer, batch)))
         return metrics
 
-    trainer._update = recorded
+    trainer.phases.update = recorded
     return works
 
 

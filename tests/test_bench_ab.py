@@ -14,3 +14,21 @@ def test_first_prompt_ids_are_the_prompts_a_training_step_builds(tmp_path):
                 for e in trainer.sampler.take(2)]
     trainer = Trainer(tiny_config(tmp_path / "second", "grpo", "task=calculator", "steps=1"))
     assert load_bench_script("ab").first_prompt_ids(trainer, 2) == expected
+
+
+def test_bench_scripts_time_the_trainer_through_its_phases_only():
+    """The A/B scripts swap and time a step's phases through ``trainer.phases``
+    (``postrl/train/phases.py``), never by replacing or calling the trainer's private
+    methods: those may change without notice. (``vs_trl.py``'s TRL trainer is TRL's.)"""
+    import ast
+
+    from tests.bench_scripts import BENCH
+
+    private = []
+    for path in sorted(BENCH.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id == "trainer" and node.attr.startswith("_")
+                    and node.attr != "_generate_and_score_completions"):
+                private.append(f"{path.name}:{node.lineno} trainer.{node.attr}")
+    assert private == []

@@ -76,8 +76,8 @@ def test_postrl_and_trl_get_the_gsm8k_prompts_and_the_closeness_reward(regimes, 
 def test_step_work_counts_the_batch_the_update_got(regimes, vs_trl, tmp_path):
     trainer = tiny_trainer(vs_trl, gsm8k_regime(regimes, tmp_path), tmp_path, 2)
     works, batches = vs_trl.record_work(trainer), []
-    update = trainer._update
-    trainer._update = lambda batch: batches.append(batch) or update(batch)
+    update = trainer.phases.update
+    trainer.phases.update = lambda batch: batches.append(batch) or update(batch)
     rows = [trainer.train_step() for _ in range(2)]
     assert len(works) == 2
     work, batch = regimes.StepWork(**works[1]), batches[1]

@@ -36,6 +36,7 @@ from postrl.train.evaluate import training_eval
 from postrl.train.grading import Grader
 from postrl.train.metrics import sample_rows, step_metrics
 from postrl.train.micro_batches import micro_batches
+from postrl.train.phases import Phases
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
 from postrl.train.sampling import Group, PromptSampler, PromptTokens, collect
 from postrl.train.scorers import TokenScorer, ValueScorer
@@ -123,6 +124,7 @@ class Trainer:
         self.sampler = PromptSampler(self.task.train(), cfg.seed)
         self.update_generator = torch.Generator().manual_seed(cfg.seed)
         self.prompt_ids = PromptTokens(self.tokenizer, self.lm, cfg.max_new_tokens)
+        self.phases = Phases(self._prepare, self._update)  # the seam for measuring: phases.py
         self.step = 0
         self.tokens_generated = 0
         self.tokens_wasted = 0
@@ -234,10 +236,10 @@ class Trainer:
         update_metrics: dict[str, float] = {}
         if batch is not None:
             t = time.perf_counter()
-            self._prepare(batch)
+            self.phases.prepare(batch)
             timings["reference"] = time.perf_counter() - t
             t = time.perf_counter()
-            update_metrics = self._update(batch)
+            update_metrics = self.phases.update(batch)
             timings["train"] = time.perf_counter() - t
             t = time.perf_counter()
             if self.cluster is None and self.cfg.rollout_backend == "vllm":  # its own copy

@@ -76,7 +76,7 @@ def test_a_bf16_master_update_reads_the_working_copys_record(tmp_path, monkeypat
         trainer.optimizer.state.clear()  # each update is the optimizer's first step
         record.versions = parameter_versions(working)  # the recorded weights again
         reads.clear()
-        outcomes.append(trainer._update(dataclasses.replace(batch, recorded=recorded)))
+        outcomes.append(trainer.phases.update(dataclasses.replace(batch, recorded=recorded)))
         read.append(len(reads))
         assert not record.fresh(working)  # the step refreshed the working copy
     # every linear of every layer and the LM head, in each micro-batch

@@ -146,7 +146,7 @@ def test_uneven_and_empty_shares_give_the_update_of_one_process(tmp_path, parall
         from postrl.train.batch import assemble
 
         batch = assemble(local._generate_round(0, timings), overlong_filter=False)
-        local._prepare(batch)
+        local.phases.prepare(batch)
         plan = [torch.tensor([6]), torch.tensor([0, 3, 5]), torch.tensor([1, 2, 4, 7]),
                 torch.tensor([0, 1, 2, 3, 4])]
         settings = UpdateSettings(epochs=1, minibatches=4, micro_batch_size=2, temperature=1.0,
@@ -173,7 +173,7 @@ def test_a_dead_rollout_worker_is_named_and_resume_finishes_the_run(tmp_path, gr
                                                                     capsys):
     out = tmp_path / "killed"
     trainer = Trainer(load_config(None, options(out, "grpo", *RAY, "save_every=1")))
-    update = trainer._update
+    update = trainer.phases.update
 
     def update_then_kill(batch):
         result = update(batch)
@@ -181,7 +181,7 @@ def test_a_dead_rollout_worker_is_named_and_resume_finishes_the_run(tmp_path, gr
             kill(trainer.cluster.rollout.actors[1])
         return result
 
-    trainer._update = update_then_kill
+    trainer.phases.update = update_then_kill
     with pytest.raises(WorkerError, match=r"^rollout worker 2/2 died \(its process ended.*"
                                           r"rerun it with resume=auto$"):
         trainer.train()
@@ -197,13 +197,13 @@ def test_a_dead_rollout_worker_is_named_and_resume_finishes_the_run(tmp_path, gr
 
 def test_a_dead_train_worker_is_named(tmp_path):
     trainer = Trainer(load_config(None, options(tmp_path / "run", "grpo", *RAY)))
-    prepare = trainer._prepare
+    prepare = trainer.phases.prepare
 
     def prepare_then_kill(batch):
         prepare(batch)
         kill(trainer.cluster.trainers.actors[0])
 
-    trainer._prepare = prepare_then_kill
+    trainer.phases.prepare = prepare_then_kill
     with pytest.raises(WorkerError, match=r"^train worker 1/2 died .*This run writes no "
                                           r"checkpoints \(save_every=0\)"):
         trainer.train()

@@ -246,13 +246,13 @@ def test_a_recipe_trains_with_turn_rewards_on_a_multi_turn_environment_task(tmp_
                       "rewards=[{fn: environment, weight: 2.0}]")
     trainer = Trainer(cfg)
     seen = []
-    original = trainer._prepare
+    original = trainer.phases.prepare
 
     def keep(batch):
         seen.append(batch)
         return original(batch)
 
-    trainer._prepare = keep
+    trainer.phases.prepare = keep
     trainer.train()
     [batch] = seen
     assert batch.turn_rewards is not None

@@ -105,14 +105,14 @@ def test_dynamic_sampling_keeps_no_zero_variance_group_and_counts_waste(tmp_path
                       "recipe_options.max_sampling_rounds=4", "steps=2")
     trainer = Trainer(cfg)
     kept_groups = []
-    original = trainer._update
+    original = trainer.phases.update
 
     def spy(batch):
         grouped = batch.rewards.view(-1, batch.group_size)
         kept_groups.append(grouped.clone())
         return original(batch)
 
-    trainer._update = spy
+    trainer.phases.update = spy
     trainer.train()
     assert kept_groups
     for grouped in kept_groups:
@@ -121,6 +121,28 @@ def test_dynamic_sampling_keeps_no_zero_variance_group_and_counts_waste(tmp_path
     assert any(r["batch/zero_variance_frac"] > 0 for r in rows)
     assert rows[-1]["rollout/tokens_wasted"] > 0
     assert rows[-1]["rollout/tokens_wasted"] < rows[-1]["rollout/tokens_generated"]
+
+
+def test_a_step_calls_the_phases_the_trainer_holds(tmp_path):
+    """``trainer.phases`` is the public seam for measuring (``postrl/train/phases.py``):
+    replacements that call the originals run once a step each, prepare before update, and
+    the step logs what the update returned."""
+    trainer = Trainer(tiny_config(tmp_path, "grpo", "steps=2"))
+    calls = []
+    prepare, update = trainer.phases.prepare, trainer.phases.update
+
+    def prepared(batch):
+        calls.append("prepare")
+        prepare(batch)
+
+    def updated(batch):
+        calls.append("update")
+        return {**update(batch), "loss/total": 123.0}
+
+    trainer.phases.prepare, trainer.phases.update = prepared, updated
+    trainer.train()
+    assert calls == ["prepare", "update"] * 2
+    assert [r["loss/total"] for r in read_metrics(tmp_path / "grpo")] == [123.0, 123.0]
 
 
 def test_ppo_critic_value_loss_falls_on_a_fixed_batch(tmp_path):
@@ -134,9 +156,9 @@ def test_ppo_critic_value_loss_falls_on_a_fixed_batch(tmp_path):
 
     collected = collect(lambda r: trainer._generate_round(r, timings), 2, False, 1)
     batch = assemble(collected.groups, overlong_filter=False)
-    trainer._prepare(batch)
+    trainer.phases.prepare(batch)
     trainer.cfg.critic_warmup_steps = 100  # critic only: the batch stays fixed
-    losses = [trainer._update(batch)["loss/value"] for _ in range(15)]
+    losses = [trainer.phases.update(batch)["loss/value"] for _ in range(15)]
     assert losses[-1] < 0.3 * losses[0]
 
 
@@ -240,23 +262,23 @@ def test_periodic_eval_and_saved_rollout_batches(tmp_path):
 
 def test_non_finite_guard_skips_a_poisoned_step_and_training_continues(tmp_path):
     trainer = Trainer(tiny_config(tmp_path, "grpo", "steps=4"))
-    prepare = trainer._prepare
+    prepare = trainer.phases.prepare
 
     def poisoned(batch):  # step 2's advantages are NaN
         prepare(batch)
         if trainer.step == 1:
             batch.advantages = batch.advantages + float("nan")
 
-    trainer._prepare = poisoned
+    trainer.phases.prepare = poisoned
     weights = []
-    update = trainer._update
+    update = trainer.phases.update
 
     def spy(batch):
         out = update(batch)
         weights.append(trainer.lm.model.embed_tokens.weight.detach().clone())
         return out
 
-    trainer._update = spy
+    trainer.phases.update = spy
     trainer.train()
     rows = read_metrics(tmp_path / "grpo")
     assert [r["guard/skipped_steps"] for r in rows] == [0, 1, 1, 1]
@@ -269,13 +291,13 @@ def test_repeated_non_finite_steps_abort_with_a_clear_error(tmp_path):
     from postrl.train.trainer import TrainingError
 
     trainer = Trainer(tiny_config(tmp_path, "grpo", "steps=5", "max_skipped_steps=2"))
-    prepare = trainer._prepare
+    prepare = trainer.phases.prepare
 
     def always_poisoned(batch):
         prepare(batch)
         batch.advantages = batch.advantages + float("inf")
 
-    trainer._prepare = always_poisoned
+    trainer.phases.prepare = always_poisoned
     with pytest.raises(TrainingError, match="not finite in 2 steps in a row"):
         trainer.train()
 

@@ -84,7 +84,7 @@ def test_packed_prompt_groups_give_the_update_of_padded_rows_and_of_one_micro_ba
     batch.lengths = torch.tensor([16, 3, 9, 1, 12, 16, 5, 7, 2, 14, 16, 10])
     batch.response_mask = torch.arange(16)[None] < batch.lengths[:, None]
     batch.response_mask[3] = False
-    trainer._prepare(batch)
+    trainer.phases.prepare(batch)
     settings = UpdateSettings(epochs=1, minibatches=1, micro_batch_size=2, temperature=1.0,
                               max_grad_norm=None, pad_id=trainer.engine.pad_id)
     plan = [torch.arange(batch.rows)]
@@ -122,7 +122,7 @@ def _mixed_batch(trainer):
     batch.response_mask = torch.arange(16)[None] < batch.lengths[:, None]
     batch.response_mask[3] = False
     batch.rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5, 0.0, 1.0, 1.0, 0.0])
-    trainer._prepare(batch)
+    trainer.phases.prepare(batch)
     return batch
 
 
