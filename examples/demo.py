@@ -71,11 +71,12 @@ def main(argv: list[str]) -> int:
     for key in ("greedy pass@1", "sampled pass@1", f"pass@{args.samples}"):
         change = 100 * (after[key] - before[key])
         print(f"{key:<16}{before[key]:>9.1%}{after[key]:>9.1%}{change:>+9.1f}pt")
-    print(f"({before['problems']} problems; {trainer.tokens_generated} training tokens generated; "
+    tokens = trainer.state.tokens_generated
+    print(f"({before['problems']} problems; {tokens} training tokens generated; "
           f"{minutes:.1f} min in all; run in {cfg.run_dir()})")
     summary = {"before": before, "after": after, "minutes": minutes,
                "recipe": cfg.build_recipe().name, "steps": cfg.steps,
-               "tokens_generated": trainer.tokens_generated}
+               "tokens_generated": tokens}
     (cfg.run_dir() / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 

@@ -110,7 +110,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         signalled = stop.args and stop.args[0] in signal.Signals.__members__
         name = stop.args[0] if signalled else "SIGINT"  # Ctrl-C, or KeyboardInterrupt raised
-        print(f"postrl: interrupted ({name}); {interrupted_note(trainer)}", file=sys.stderr)
+        note = (interrupted_note(None, cfg.save_every) if trainer is None else
+                interrupted_note(trainer.run, cfg.save_every, trainer.restored_earlier))
+        print(f"postrl: interrupted ({name}); {note}", file=sys.stderr)
         return 128 + signal.Signals[name]
     finally:
         signal.signal(signal.SIGTERM, previous)

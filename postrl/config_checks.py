@@ -1,21 +1,22 @@
 """Validation of a :class:`postrl.config.TrainConfig`: every bad value is a ConfigError that
-names the option and where it was set (``config.yaml:12: ``, ``override lr=-1: ``)."""
+names the option and where it was set (``config.yaml:12: ``, ``override lr=-1: ``).
+
+``postrl.config`` calls these checks, so nothing here imports it back, not even for
+annotations (``tests/test_import_graph.py``): a ``cfg`` is a ``TrainConfig``, read by its
+options' names."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from postrl.devices import device_problem
 from postrl.errors import ConfigError
 from postrl.recipes import get_recipe
 
 PRECISIONS = ("fp32", "bf16", "bf16-master")  # postrl/models/precision.py computes them
-
-if TYPE_CHECKING:
-    from postrl.config import TrainConfig
 
 POSITIVE = ("prompts_per_step", "group_size", "max_new_tokens", "steps", "epochs", "minibatches",
             "max_turns", "micro_batch_size", "lr", "critic_lr", "eval_n", "keep_last",
@@ -41,7 +42,7 @@ def _has_fully_shard() -> bool:
     return True
 
 
-def validate_scaling(cfg: TrainConfig, fail) -> None:
+def validate_scaling(cfg, fail) -> None:
     """The launcher, worker counts and rollout backend (docs/scaling.md)."""
     for key, allowed in CHOICES.items():
         if getattr(cfg, key) not in allowed:
@@ -80,7 +81,7 @@ def validate_scaling(cfg: TrainConfig, fail) -> None:
         _validate_vllm(cfg, fail)
 
 
-def _validate_vllm(cfg: TrainConfig, fail) -> None:
+def _validate_vllm(cfg, fail) -> None:
     if not _installed("vllm"):
         fail("rollout_backend", "rollout_backend=vllm needs vLLM, which is not installed: "
              "pip install 'postrl[vllm]' on a machine with an NVIDIA GPU, or vLLM for CPUs "
@@ -127,7 +128,7 @@ def _numbers(value: Any, name: str):
             yield from _numbers(getattr(value, item.name), f"{name}.{item.name}")
 
 
-def _refuse_non_finite(cfg: TrainConfig, fail) -> None:
+def _refuse_non_finite(cfg, fail) -> None:
     """NaN or infinity as a hyperparameter trains to NaN weights or never stops; no option
     means either (``null`` is how "no limit" is said)."""
     for item in dataclasses.fields(cfg):
@@ -136,7 +137,7 @@ def _refuse_non_finite(cfg: TrainConfig, fail) -> None:
                 fail(name, f"{name} must be a finite number, got {number}")
 
 
-def validate(cfg: TrainConfig, where: dict[str, str]) -> None:
+def validate(cfg, where: dict[str, str]) -> None:
     """ConfigError for a bad value, prefixed with where the option was set."""
 
     def fail(key: str, message: str) -> None:

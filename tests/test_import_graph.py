@@ -1,6 +1,7 @@
 """postrl's imports point one way: no module imports itself back through others, and every
-arrow between packages goes down the layers below (imports under ``if TYPE_CHECKING:`` are for
-annotations only and do not count; function-level imports do)."""
+arrow between packages goes down the layers below. Function-level imports count, and so do
+those under ``if TYPE_CHECKING:``: an import made only for annotations still ties the two
+modules together (a reader, a type checker, a refactoring sees the circle)."""
 
 import ast
 from pathlib import Path
@@ -50,14 +51,25 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(path): path for path in ROOT.rglob("*.py")}
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node but those under ``if TYPE_CHECKING:``."""
+def _is_type_checking(test: ast.expr) -> bool:
+    """``TYPE_CHECKING`` or ``typing.TYPE_CHECKING``."""
+    return getattr(test, "id", getattr(test, "attr", None)) == "TYPE_CHECKING"
+
+
+def _nodes(tree: ast.AST, type_only: bool = False):
+    """``(node, type_only)`` for every node, ``type_only`` where it is under
+    ``if TYPE_CHECKING:`` (and so runs only for a type checker)."""
     for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                yield child, True
+                yield from _nodes(child, True)
+            for child in node.orelse:
+                yield child, type_only
+                yield from _nodes(child, type_only)
             continue
-        yield node
-        yield from _runtime_nodes(node)
+        yield node, type_only
+        yield from _nodes(node, type_only)
 
 
 def _known(name: str) -> str:
@@ -67,12 +79,15 @@ def _known(name: str) -> str:
     return name
 
 
-def imports(name: str) -> set[str]:
-    """The postrl modules that module ``name`` imports at run time."""
-    path = MODULES[name]
+def imports(name: str, type_only: bool = True, source: str | None = None) -> set[str]:
+    """The postrl modules that module ``name`` (whose text is ``source``, or its file's)
+    imports: at run time, and with ``type_only`` for annotations too."""
+    path = MODULES.get(name, ROOT / "__init__.py")
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    for node, for_types in _nodes(ast.parse(path.read_text() if source is None else source)):
+        if for_types and not type_only:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -87,7 +102,8 @@ def imports(name: str) -> set[str]:
     return found - {name}
 
 
-GRAPH = {name: imports(name) for name in MODULES}
+GRAPH = {name: imports(name) for name in MODULES}  # type-only imports included
+RUNTIME = {name: imports(name, type_only=False) for name in MODULES}
 
 
 def top(name: str) -> str:
@@ -124,7 +140,21 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_module_imports_itself_back():
+    assert cycles(RUNTIME) == []
+
+
+def test_no_module_imports_itself_back_even_for_annotations():
     assert cycles(GRAPH) == []
+
+
+def test_imports_for_annotations_are_found():
+    source = ("from typing import TYPE_CHECKING\nimport typing\n"
+              "if TYPE_CHECKING:\n    from postrl.config import TrainConfig\n"
+              "if typing.TYPE_CHECKING:\n    import postrl.recipes\n"
+              "else:\n    from postrl import errors\n")
+    assert imports("postrl.x", source=source) == {"postrl.config", "postrl.recipes",
+                                                  "postrl.errors"}
+    assert imports("postrl.x", type_only=False, source=source) == {"postrl.errors"}
 
 
 def test_the_cycle_finder_finds_a_cycle():

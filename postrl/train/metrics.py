@@ -5,15 +5,13 @@ from __future__ import annotations
 import resource
 import statistics
 import sys
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
 from postrl.train.batch import TrainBatch
 from postrl.train.sampling import Collected
-
-if TYPE_CHECKING:
-    from postrl.train.trainer import Trainer
+from postrl.train.state import RunState
 
 
 def _mean(values: list[float]) -> float:
@@ -29,19 +27,34 @@ def peak_memory_gb(device: torch.device) -> float:
     return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
 
 
-def step_metrics(trainer: Trainer, collected: Collected, batch: TrainBatch | None,
-                 update: dict[str, float], timings: dict[str, float],
-                 step_seconds: float) -> dict[str, float]:
+@dataclass
+class StepResult:
+    """What one step made, for its metrics."""
+
+    collected: Collected  # the step's groups: all generated, and those kept
+    batch: TrainBatch | None  # what the update trained on (None: no group was kept)
+    update: dict[str, float]  # the update's metrics
+    timings: dict[str, float]  # seconds of each phase (generate, score, reference, ...)
+    seconds: float  # the whole step's
+
+
+def step_metrics(state: RunState, result: StepResult, lr: float, device: torch.device,
+                 overlong_filter: bool) -> dict[str, float]:
+    """The metrics of the step that brought the run to ``state``: its ``result``, the policy's
+    learning rate ``lr`` (the schedule's, after the step), the peak memory on ``device``, and
+    with ``overlong_filter`` how many rows that filter took out of the loss."""
+    collected, batch, timings, step_seconds = (result.collected, result.batch, result.timings,
+                                               result.seconds)
     kept = collected.groups
     rewards = [r for g in kept for r in g.rewards]
     correct = [c for g in kept for c in g.correct]
     lengths = [int(n) for g in kept for n in g.rollouts.generated_lengths]
     truncated = [r == "length" for g in kept for r in g.rollouts.finish_reasons]
     metrics: dict[str, float] = {
-        "step": trainer.step,
-        "rollout/tokens_generated": trainer.tokens_generated,
-        "rollout/tokens_wasted": trainer.tokens_wasted,
-        "rollout/responses": trainer.responses,
+        "step": state.step,
+        "rollout/tokens_generated": state.tokens_generated,
+        "rollout/tokens_wasted": state.tokens_wasted,
+        "rollout/responses": state.responses,
         "rollout/sampling_rounds": collected.rounds,
         "reward/mean": _mean(rewards),
         "reward/std": statistics.pstdev(rewards) if rewards else float("nan"),
@@ -54,7 +67,7 @@ def step_metrics(trainer: Trainer, collected: Collected, batch: TrainBatch | Non
         "length/incorrect_mean": _mean([n for n, c in zip(lengths, correct, strict=True)
                                         if not c]),
         "length/truncated_frac": _mean([float(t) for t in truncated]),
-        "lr": trainer.optimizer.param_groups[0]["lr"],
+        "lr": lr,
         "time/generate_s": timings["generate"],
         "time/score_s": timings["score"],
         "time/reference_s": timings["reference"],
@@ -62,7 +75,7 @@ def step_metrics(trainer: Trainer, collected: Collected, batch: TrainBatch | Non
         "time/sync_s": timings["sync"],
         "time/step_s": step_seconds,
         "throughput/tokens_per_s": collected.tokens_generated / max(step_seconds, 1e-9),
-        "memory/peak_gb": peak_memory_gb(trainer.device),
+        "memory/peak_gb": peak_memory_gb(device),
     }
     for name in kept[0].per_function if kept else ():
         values = [v for g in kept for v in g.per_function[name] if v is not None]
@@ -73,10 +86,10 @@ def step_metrics(trainer: Trainer, collected: Collected, batch: TrainBatch | Non
         metrics["advantage/mean"] = float(valid_advantages.mean()) if mask.any() else 0.0
         metrics["advantage/abs_mean"] = (float(valid_advantages.abs().mean())
                                          if mask.any() else 0.0)
-        if trainer.recipe.overlong_filter:
+        if overlong_filter:
             metrics["batch/overlong_filtered"] = int(batch.truncated.sum())
     metrics.update(episode_metrics(collected))
-    metrics.update(update)
+    metrics.update(result.update)
     return metrics
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import random
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,10 +14,9 @@ import torch
 from postrl.config import TrainConfig
 from postrl.errors import ConfigError
 from postrl.recipes import Recipe
+from postrl.telemetry import RunDir
 from postrl.train.checkpoint import is_valid, latest_valid, load_checkpoint, save_checkpoint
-
-if TYPE_CHECKING:
-    from postrl.train.trainer import Trainer
+from postrl.train.state import RunObjects, RunState
 
 # options that may change between a run and its resumption without changing its results
 # (``out``: a run directory may be moved, or named by another path, and continued)
@@ -27,43 +26,41 @@ RESUMABLE_CHANGES = {"out", "resume", "overwrite", "steps", "token_budget", "qui
                      "torch_compile", "gradient_checkpointing", "reuse_sampler_forward",
                      "device", "vllm_gpu_memory_utilization", "vllm_enforce_eager",
                      "vllm_kv_cache_gb"}
-COUNTERS = ("step", "tokens_generated", "tokens_wasted", "responses", "skipped_steps",
-            "skipped_in_a_row")
 
 
-def trainer_state(trainer: Trainer) -> dict[str, Any]:
+def checkpoint_state(objects: RunObjects, state: RunState, cfg: TrainConfig) -> dict[str, Any]:
     """Everything needed to continue exactly: weights, optimizers, RNG, sampler, counters.
     (The reference policy is not saved: it is rebuilt from the initial model.)"""
     return {
-        "policy": trainer.lm.state_dict(),
-        "critic": trainer.critic.state_dict() if trainer.critic else None,
-        "optimizer": trainer.optimizer.state_dict(),
-        "critic_optimizer": (trainer.critic_optimizer.state_dict()
-                             if trainer.critic_optimizer else None),
-        "scheduler": trainer.scheduler.state_dict(),
+        "policy": objects.policy.state_dict(),
+        "critic": objects.critic.state_dict() if objects.critic else None,
+        "optimizer": objects.optimizer.state_dict(),
+        "critic_optimizer": (objects.critic_optimizer.state_dict()
+                             if objects.critic_optimizer else None),
+        "scheduler": objects.scheduler.state_dict(),
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
                 "torch": torch.get_rng_state(),
-                "update_generator": trainer.update_generator.get_state()},
-        "sampler": {"epoch": trainer.sampler.epoch, "position": trainer.sampler.position},
-        "counters": {name: getattr(trainer, name) for name in COUNTERS},
-        "config": trainer.cfg.resolved(),
+                "update_generator": objects.update_generator.get_state()},
+        "sampler": {"epoch": objects.sampler.epoch, "position": objects.sampler.position},
+        "counters": state.counters(),
+        "config": cfg.resolved(),
     }
 
 
-def restore(trainer: Trainer, state: dict[str, Any]) -> None:
-    trainer.lm.load_state_dict(state["policy"])
-    if trainer.critic is not None:
-        trainer.critic.load_state_dict(state["critic"])
-        trainer.critic_optimizer.load_state_dict(state["critic_optimizer"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.scheduler.load_state_dict(state["scheduler"])
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
-    torch.set_rng_state(state["rng"]["torch"])
-    trainer.update_generator.set_state(state["rng"]["update_generator"])
-    trainer.sampler.restore(state["sampler"]["epoch"], state["sampler"]["position"])
-    for name, value in state["counters"].items():
-        setattr(trainer, name, value)
+def restore(objects: RunObjects, saved: dict[str, Any], where: str) -> RunState:
+    """Load a checkpoint's ``saved`` state into ``objects`` and the RNGs; its run state."""
+    objects.policy.load_state_dict(saved["policy"])
+    if objects.critic is not None:
+        objects.critic.load_state_dict(saved["critic"])
+        objects.critic_optimizer.load_state_dict(saved["critic_optimizer"])
+    objects.optimizer.load_state_dict(saved["optimizer"])
+    objects.scheduler.load_state_dict(saved["scheduler"])
+    random.setstate(saved["rng"]["python"])
+    np.random.set_state(saved["rng"]["numpy"])
+    torch.set_rng_state(saved["rng"]["torch"])
+    objects.update_generator.set_state(saved["rng"]["update_generator"])
+    objects.sampler.restore(saved["sampler"]["epoch"], saved["sampler"]["position"])
+    return RunState.from_counters(saved["counters"], where)
 
 
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:
@@ -115,46 +112,53 @@ def checkpoint_to_resume(cfg: TrainConfig) -> Path | None:
     return candidates[0]
 
 
-def resume(trainer: Trainer, path: Path | None) -> int | None:
-    """Load the checkpoint at ``path`` (from :func:`checkpoint_to_resume`) and drop any
-    metrics and samples logged after it. Returns the step resumed from; None (no checkpoint)
-    starts from scratch, keeping the logs of the attempt before in ``earlier/``."""
+def resume(objects: RunObjects, cfg: TrainConfig, run: RunDir, path: Path | None
+           ) -> RunState | None:
+    """Load the checkpoint at ``path`` (from :func:`checkpoint_to_resume`) into ``objects``
+    and drop any metrics and samples ``run`` logged after it. Returns the state resumed;
+    None (no checkpoint) starts from scratch, keeping the logs of the attempt before in
+    ``earlier/``."""
     if path is None:
-        kept = trainer.run.keep_as_earlier()
+        kept = run.keep_as_earlier()
         if kept is not None:
-            why = ("it saves none: save_every=0" if not trainer.cfg.save_every
+            why = ("it saves none: save_every=0" if not cfg.save_every
                    else "none was saved before it stopped, or none is valid")
-            warnings.warn(f"resume={trainer.cfg.resume}: {trainer.run.path} holds no checkpoint "
+            warnings.warn(f"resume={cfg.resume}: {run.path} holds no checkpoint "
                           f"to continue from ({why}); training starts from step 0, and the "
                           f"logs of the attempt before are kept in {kept}", stacklevel=2)
         return None
-    state = load_checkpoint(path)
-    check_same_run(state["config"], trainer.cfg.resolved(), str(path))
-    restore(trainer, state)
-    trainer.run.truncate_after(trainer.step)
-    return trainer.step
+    saved = load_checkpoint(path)
+    check_same_run(saved["config"], cfg.resolved(), str(path))
+    state = restore(objects, saved, str(path))
+    run.truncate_after(state.step)
+    return state
 
 
-def maybe_save(trainer: Trainer, final: bool = False) -> None:
-    every = trainer.cfg.save_every
-    if every and (trainer.step % every == 0 or final) and trainer.step > 0:
-        save_checkpoint(trainer.run.path / "checkpoints", trainer.step, trainer_state(trainer),
-                        trainer.cfg.keep_last)
+def maybe_save(objects: RunObjects, state: RunState, cfg: TrainConfig, run: RunDir,
+               final: bool = False) -> None:
+    """A checkpoint of the run in ``run`` when one is due: every ``save_every`` steps, and at
+    the ``final`` one."""
+    every = cfg.save_every
+    if every and (state.step % every == 0 or final) and state.step > 0:
+        save_checkpoint(run.path / "checkpoints", state.step, checkpoint_state(objects, state, cfg),
+                        cfg.keep_last)
 
 
-def interrupted_note(trainer: Trainer | None) -> str:
-    """What an interrupted training left, and how to continue it (for the CLI's message)."""
-    if trainer is None or not hasattr(trainer, "run"):
+def interrupted_note(run: RunDir | None, save_every: int, restored_earlier: bool = False) -> str:
+    """What an interrupted training left in ``run`` (None: no trainer was made), and how to
+    continue it (for the CLI's message); ``restored_earlier``: the trainer put back an
+    earlier run that it was overwriting."""
+    if run is None:
         return "training had not started: nothing was written"
-    if trainer.restored_earlier:
-        return (f"no step had finished; the earlier run in {trainer.run.path} was put back as "
+    if restored_earlier:
+        return (f"no step had finished; the earlier run in {run.path} was put back as "
                 "it was")
-    logged = trainer.run.read_metrics() if trainer.run.metrics_path.exists() else []
-    done = f"{logged[-1]['step'] if logged else 0} steps are logged in {trainer.run.metrics_path}"
-    newest = latest_valid(trainer.run.path / "checkpoints")
+    logged = run.read_metrics() if run.metrics_path.exists() else []
+    done = f"{logged[-1]['step'] if logged else 0} steps are logged in {run.metrics_path}"
+    newest = latest_valid(run.path / "checkpoints")
     if newest is None:
-        why = ("save_every=0 saves none" if not trainer.cfg.save_every
-               else f"save_every={trainer.cfg.save_every}: none was due yet")
+        why = ("save_every=0 saves none" if not save_every
+               else f"save_every={save_every}: none was due yet")
         return (f"{done}; no checkpoint was saved ({why}), so this run cannot be continued: "
                 "start it again")
     return (f"{done}; the newest checkpoint is {newest.name}: continue with the same options "

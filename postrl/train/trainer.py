@@ -34,7 +34,7 @@ from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_ro
 from postrl.train.distributed.weights import engine_weights
 from postrl.train.evaluate import training_eval
 from postrl.train.grading import Grader
-from postrl.train.metrics import sample_rows, step_metrics
+from postrl.train.metrics import StepResult, sample_rows, step_metrics
 from postrl.train.micro_batches import micro_batches
 from postrl.train.phases import Phases
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
@@ -50,6 +50,7 @@ from postrl.train.setup import (
     records_forward,
     seed_everything,
 )
+from postrl.train.state import RunObjects, RunState
 from postrl.train.update import (
     Trainable,
     UpdateSettings,
@@ -89,7 +90,10 @@ class Trainer:
         try:
             self.run = RunDir.create(cfg.run_dir(), overwrite=cfg.overwrite,
                                      resume=cfg.resume != "no")
-            self.resumed_from = resume(self, self.checkpoint) if cfg.resume != "no" else None
+            resumed = (resume(self.objects(), cfg, self.run, self.checkpoint)
+                       if cfg.resume != "no" else None)
+            self.state = resumed or RunState()
+            self.resumed_from = None if resumed is None else resumed.step
             self._start_engines()
         except BaseException:
             self.close(failed=True)
@@ -125,13 +129,8 @@ class Trainer:
         self.update_generator = torch.Generator().manual_seed(cfg.seed)
         self.prompt_ids = PromptTokens(self.tokenizer, self.lm, cfg.max_new_tokens)
         self.phases = Phases(self._prepare, self._update)  # the seam for measuring: phases.py
-        self.step = 0
-        self.tokens_generated = 0
-        self.tokens_wasted = 0
-        self.responses = 0
-        self.skipped_steps = 0
-        self.skipped_in_a_row = 0
-        self.reward_errors = 0
+        self.state = RunState()  # where the run stands (resumed: the checkpoint's)
+        self.reward_errors = 0  # this step's
 
     def _start_engines(self) -> None:
         """The bf16 working copy, and Ray's workers or vLLM, from the (resumed) weights."""
@@ -144,7 +143,7 @@ class Trainer:
         if cfg.launcher == "ray":  # rollout actors and trainer workers start from this state
             from postrl.train.distributed.cluster import start_cluster  # Ray: an optional extra
 
-            self.cluster = start_cluster(self)
+            self.cluster = start_cluster(cfg, self.objects(), self.tokenizer.pad_token_id)
             self.engine = self.cluster.rollout
         elif cfg.rollout_backend == "vllm":  # holds its own copy of the (resumed) weights
             from postrl.rollout.vllm import VLLMRolloutEngine
@@ -166,10 +165,20 @@ class Trainer:
                 self.restored_earlier = run.restore_replaced()
             self.lock.release()
 
+    @property
+    def step(self) -> int:
+        """The steps finished (``state.step``)."""
+        return self.state.step
+
+    def objects(self) -> RunObjects:
+        """The objects a checkpoint saves and resume loads (``postrl/train/state.py``)."""
+        return RunObjects(self.lm, self.critic, self.optimizer, self.critic_optimizer,
+                          self.scheduler, self.update_generator, self.sampler)
+
     def done(self) -> bool:
         budget = self.cfg.token_budget
         return self.step >= self.cfg.steps or (budget is not None
-                                               and self.tokens_generated >= budget)
+                                               and self.state.tokens_generated >= budget)
 
     # ---- one step -------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -217,7 +226,7 @@ class Trainer:
         due = every and self.step > 0 and (final or self.step % every == 0)
         if due and self.cluster is not None:
             self.cluster.pull_optimizer_states(self.optimizer, self.critic_optimizer)
-        maybe_save(self, final)
+        maybe_save(self.objects(), self.state, self.cfg, self.run, final)
 
     def train_step(self) -> dict[str, float]:
         timings = dict.fromkeys(("generate", "score", "reference", "train", "sync"), 0.0)
@@ -228,9 +237,7 @@ class Trainer:
         collected = collect(lambda r: self._generate_round(r, timings), self.cfg.prompts_per_step,
                             self.recipe.dynamic_sampling, self.recipe.max_sampling_rounds,
                             self.recipe.dynamic_sampling_by)
-        self.tokens_generated += collected.tokens_generated
-        self.tokens_wasted += collected.tokens_wasted
-        self.responses += sum(g.rollouts.response_ids.shape[0] for g in collected.generated)
+        self.state.count_sampled(collected)
         groups = collected.groups
         batch = assemble(groups, self.recipe.overlong_filter) if groups else None
         update_metrics: dict[str, float] = {}
@@ -253,10 +260,12 @@ class Trainer:
             if self.cluster is not None:  # here the optimizer holds the schedule; workers step
                 warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
             self.scheduler.step()
-        self.step += 1
-        metrics = step_metrics(self, collected, batch, update_metrics, timings,
-                               time.perf_counter() - started)
-        metrics["guard/skipped_steps"] = self.skipped_steps
+        self.state.step += 1
+        result = StepResult(collected, batch, update_metrics, timings,
+                            time.perf_counter() - started)
+        metrics = step_metrics(self.state, result, self.optimizer.param_groups[0]["lr"],
+                               self.device, self.recipe.overlong_filter)
+        metrics["guard/skipped_steps"] = self.state.skipped_steps
         metrics["reward/errors"] = self.reward_errors
         self.run.append_samples(self.step, sample_rows(collected, self.cfg.log_samples))
         every = self.cfg.save_rollouts_every
@@ -268,12 +277,12 @@ class Trainer:
     def _guard(self, skipped: bool, update_metrics: dict[str, float]) -> None:
         """Count steps whose update was skipped for a non-finite loss or gradient; abort
         after ``max_skipped_steps`` in a row."""
-        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
-        self.skipped_steps += int(skipped)
-        if self.skipped_in_a_row >= self.cfg.max_skipped_steps:
-            first = self.step + 2 - self.skipped_in_a_row
+        self.state.count_update(skipped)
+        in_a_row = self.state.skipped_in_a_row
+        if in_a_row >= self.cfg.max_skipped_steps:
+            first = self.step + 2 - in_a_row
             raise TrainingError(
-                f"the loss or gradient was not finite in {self.skipped_in_a_row} steps in a row "
+                f"the loss or gradient was not finite in {in_a_row} steps in a row "
                 f"(steps {first}-{self.step + 1}; last loss/total="
                 f"{update_metrics.get('loss/total')}); the updates were skipped and the weights "
                 "are unharmed. Lower lr, check the rewards for huge values, or raise "
@@ -282,7 +291,7 @@ class Trainer:
     def _evaluate(self) -> dict[str, float]:
         """Held-out metrics now, tagged with the tokens generated so far (equal cost)."""
         metrics = training_eval(self.lm, self.tokenizer, self.task, self.cfg)
-        return {**metrics, "rollout/tokens_generated": self.tokens_generated}
+        return {**metrics, "rollout/tokens_generated": self.state.tokens_generated}
 
     def _generate_round(self, round_index: int, timings: dict[str, float]) -> list[Group]:
         examples = self.sampler.take(self.cfg.prompts_per_step)

@@ -23,11 +23,11 @@ def main() -> None:
     save = trainer.maybe_save
     fsync = checkpoint._fsync
 
-    def patched_save(run, final=False):
-        if when == "after_log" and run.step == step:
+    def patched_save(objects, state, cfg, run, final=False):
+        if when == "after_log" and state.step == step:
             die()
-        save(run, final)
-        if when == "after_save" and run.step == step:
+        save(objects, state, cfg, run, final)
+        if when == "after_save" and state.step == step:
             die()
 
     def patched_fsync(path):

@@ -84,6 +84,35 @@ def test_bf16_master_resumes_exactly(tmp_path):
     assert metrics_without_clock(tmp_path / "resumed") == metrics_without_clock(tmp_path / "whole")
 
 
+def test_a_checkpoint_counts_the_run_by_the_names_older_checkpoints_use(tmp_path):
+    """``counters`` in ``state.pt`` is the run's ``RunState`` under the names every
+    checkpoint has used (docs/reliability.md): older checkpoints resume as they are."""
+    import torch
+
+    Trainer(load_config(None, options(tmp_path / "run", "grpo", "steps=2"))).train()
+    state = torch.load(tmp_path / "run" / "checkpoints" / "step_000002" / "state.pt",
+                       weights_only=False)
+    rows = metrics_without_clock(tmp_path / "run")
+    assert state["counters"] == {
+        "step": 2, "tokens_generated": rows[-1]["rollout/tokens_generated"],
+        "tokens_wasted": rows[-1]["rollout/tokens_wasted"],
+        "responses": rows[-1]["rollout/responses"], "skipped_steps": 0, "skipped_in_a_row": 0}
+    assert list(state["counters"]) == ["step", "tokens_generated", "tokens_wasted",
+                                       "responses", "skipped_steps", "skipped_in_a_row"]
+
+
+def test_a_run_state_comes_back_from_its_counters_or_says_why_not():
+    from postrl.train.state import RunState
+
+    state = RunState(step=3, tokens_generated=40, tokens_wasted=4, responses=24,
+                     skipped_steps=1, skipped_in_a_row=1)
+    assert RunState.from_counters(state.counters(), "here") == state
+    assert RunState.from_counters({"step": 3}, "here") == RunState(step=3)  # older: 0
+    with pytest.raises(ConfigError, match=r"cannot resume from ckpt: it counts "
+                                          r"turns_taken, which this version of postrl"):
+        RunState.from_counters({**state.counters(), "turns_taken": 2}, "ckpt")
+
+
 def test_keep_last_and_manifest_checks(tmp_path):
     Trainer(load_config(None, options(tmp_path / "run", "grpo"))).train()
     root = tmp_path / "run" / "checkpoints"

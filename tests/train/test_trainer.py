@@ -251,7 +251,7 @@ def test_periodic_eval_and_saved_rollout_batches(tmp_path):
     for row in (rows[0], rows[2], rows[5]):
         assert 0 <= row["eval/accuracy"] <= 1 and row["time/eval_s"] > 0
         assert 0 <= row["eval/sampled_accuracy"] <= 1 and 0 <= row["eval/truncated_frac"] <= 1
-    assert rows[5]["rollout/tokens_generated"] == trainer.tokens_generated > 0
+    assert rows[5]["rollout/tokens_generated"] == trainer.state.tokens_generated > 0
     saved = sorted((tmp_path / "grpo" / "rollouts").glob("*.pt"))
     assert [p.name for p in saved] == ["step_2.pt", "step_4.pt"]
     batch, config = load_rollout_batch(saved[0])

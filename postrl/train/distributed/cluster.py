@@ -21,6 +21,7 @@ import ray
 import torch
 
 import postrl
+from postrl.config import TrainConfig
 from postrl.errors import ConfigError
 from postrl.train.distributed.broadcast import choose_backend
 from postrl.train.distributed.failures import gather
@@ -29,6 +30,7 @@ from postrl.train.distributed.rollout import RolloutPool, RolloutWorker
 from postrl.train.distributed.training import TrainGroup, TrainWorker, adopt_state
 from postrl.train.distributed.weights import load_trainable, to_cpu
 from postrl.train.replicas import RoundResult
+from postrl.train.state import RunObjects
 from postrl.train.update import UpdateSettings
 
 
@@ -157,10 +159,10 @@ def resume_hint(cfg) -> str:
     return "The run can continue from its last checkpoint: rerun it with resume=auto"
 
 
-def start_cluster(trainer) -> Cluster:
-    """Start the rollout actors and trainer workers from the trainer's current state (fresh or
-    resumed), wait until all are ready."""
-    cfg = trainer.cfg
+def start_cluster(cfg: TrainConfig, start: RunObjects, pad_id: int | None) -> Cluster:
+    """Start the rollout actors and trainer workers from the driver's weights and optimizer
+    states in ``start`` (fresh or resumed), wait until all are ready. ``pad_id``: the
+    tokenizer's (None: 0)."""
     owns_ray = connect(cfg.ray_address)
     actors: list = []
     group = None
@@ -170,7 +172,7 @@ def start_cluster(trainer) -> Cluster:
         threads = cfg.threads or max(1, int(cpus))
         group, rollout_options, train_options = place(plan, cpus, cfg.worker_gpus,
                                                       rollout_workers, train_workers)
-        policy_state = ray.put(to_cpu(trainer.lm.state_dict()))  # the driver may be on a GPU
+        policy_state = ray.put(to_cpu(start.policy.state_dict()))  # the driver may be on a GPU
         rollout_actor, train_actor = ray.remote(RolloutWorker), ray.remote(TrainWorker)
         rollout = [rollout_actor.options(**options).remote(
                        cfg, policy_state, threads, f"rollout worker {i + 1}/{rollout_workers}")
@@ -179,17 +181,16 @@ def start_cluster(trainer) -> Cluster:
                  for rank, options in enumerate(train_options)]
         actors = rollout + train
         hint = resume_hint(cfg)
-        pad_id = trainer.tokenizer.pad_token_id
         trainers = TrainGroup(train, hint, sharded=cfg.train_parallel == "fsdp2")
         cluster = Cluster(RolloutPool(rollout, 0 if pad_id is None else pad_id, hint),
-                          trainers, trainer.lm, trainer.critic, owns_ray,
+                          trainers, start.policy, start.critic, owns_ray,
                           placement_group=group)
         cluster.trainers.join(ray.put({
-            "policy": to_cpu(trainer.lm.state_dict()),
-            "critic": to_cpu(trainer.critic.state_dict()) if trainer.critic else None,
-            "optimizer": to_cpu(trainer.optimizer.state_dict()),
-            "critic_optimizer": (to_cpu(trainer.critic_optimizer.state_dict())
-                                 if trainer.critic_optimizer else None)}))
+            "policy": to_cpu(start.policy.state_dict()),
+            "critic": to_cpu(start.critic.state_dict()) if start.critic else None,
+            "optimizer": to_cpu(start.optimizer.state_dict()),
+            "critic_optimizer": (to_cpu(start.critic_optimizer.state_dict())
+                                 if start.critic_optimizer else None)}))
         names = cluster.rollout.names + cluster.trainers.names
         labels = gather([a.device_name.remote() for a in actors], names, hint)  # all up
         if not cfg.quiet:
