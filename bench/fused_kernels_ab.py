@@ -103,8 +103,8 @@ def main() -> None:
             return original(batch)
 
         def run(on):
-            if batch.recorded is not None:  # the same weights as recorded: read it again
-                batch.recorded.record.versions = parameter_versions(trainer.scoring_lm)
+            if batch.kept_rows is not None:  # the same weights as recorded: read it again
+                batch.kept_rows.record.versions = parameter_versions(trainer.scoring_lm)
             switch(on is not False)
             try:
                 return original(batch)
@@ -113,7 +113,7 @@ def main() -> None:
 
         times, metrics = from_one_state(trainer, run, [None, *alternating(args.reps)])
         without, fused_ = (statistics.median(times[way]) for way in (False, True))
-        forward = "multiplying its forward" if batch.recorded is None else "reading the record"
+        forward = "multiplying its forward" if batch.kept_rows is None else "reading the record"
         print(f"update ({args.regime}, {args.precision}, {forward}), {args.part}, "
               f"{int(batch.lengths.sum())} tokens, "
               f"medians of {args.reps} each way: PyTorch's {without:.3f} s, fused "

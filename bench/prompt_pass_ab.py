@@ -28,10 +28,10 @@ import postrl.models.logprobs as lp
 ONE_PASS = lp._OwnLayers.forward_with_prompts
 
 
-def two_passes(self, prompt_ids, prompt_positions, prompt_mask, packing, bias, recorded=None):
+def two_passes(self, prompt_ids, prompt_positions, prompt_mask, packing, bias, eager=False):
     """The prompts' forward (keeping their keys and values), then the packed responses'
-    (this bench's batches have no sampler record)."""
-    assert recorded is None
+    (this bench's batches have no sampler record, which would make the layers ``eager``)."""
+    assert not eager
     prompt, past = self.forward(prompt_ids, prompt_positions, prompt_mask, keep=True)
     packed, _ = self.forward(packing.input_ids, packing.position_ids, bias,
                              self.select(past, packing.prompts))

@@ -48,15 +48,15 @@ def update(steps: int, reps: int, compiled: bool = False, precision: str = "fp32
     print(f"{'step':>4}{'tokens':>8}{label:>19}{'reads record s':>16}{'ratio':>7}")
 
     def both_ways(batch):
-        assert batch.recorded is not None, "the sampler recorded nothing"
+        assert batch.kept_rows is not None, "the sampler recorded nothing"
 
         def run(read):
             # the same weights as recorded: the record may be read again
-            batch.recorded.record.versions = parameter_versions(trainer.scoring_lm)
+            batch.kept_rows.record.versions = parameter_versions(trainer.scoring_lm)
             # the untimed warm-up takes the way that compiles, if any
             multiplies = read is False or (read is None and compiled)
             trainer.cfg.torch_compile = compiled and multiplies
-            return original(dataclasses.replace(batch, recorded=None) if multiplies else batch)
+            return original(dataclasses.replace(batch, kept_rows=None) if multiplies else batch)
 
         # the process's first update warms up (allocations, kernels)
         ways = alternating(reps) if totals[True] else [None, *alternating(reps)]
@@ -92,7 +92,7 @@ def sampler(reps: int, precision: str = "fp32") -> None:
             start = time.perf_counter()
             out = engine.generate(prompts, 8, trainer.sampling, seed=i)
             times[record].append(time.perf_counter() - start)
-            assert (out.recorded is not None) is record
+            assert (out.kept_rows is not None) is record
             del out
     without, recording = (statistics.median(times[way][2:]) for way in (False, True))
     print(f"generate, medians of {reps - 2} calls: without recording {without:.3f} s, "

@@ -86,11 +86,11 @@ def measure_postrl(model_spec: str, precision: str, reuse_forward: bool = False)
 
     def noting_records(*args, **kwargs):
         rollouts = generate(*args, **kwargs)
-        recorded.append(rollouts.recorded is not None)
+        recorded.append(rollouts.kept_rows is not None)
         return rollouts
 
     trainer.engine.generate = noting_records
-    batches = []  # each step's batch, as the update gets it (the step releases its record)
+    batches = []  # each step's batch, as the update gets it (its record freed once stale)
     update = trainer.phases.update
     trainer.phases.update = lambda batch: batches.append(batch) or update(batch)
     rows = []

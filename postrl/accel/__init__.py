@@ -17,12 +17,13 @@ oneDNN's kernels. Inside, in the order a step meets them:
 
 from __future__ import annotations
 
-from postrl.accel import fused, tile_attention, tiles, vocab
+import contextlib
+
+from postrl.accel import fused, recorded, tile_attention, tiles, vocab
 from postrl.accel.decoding import LeanDecoding
 from postrl.accel.lean import unsupported_reason
 from postrl.accel.library import unavailable_reason
 from postrl.accel.native import native_kernels
-from postrl.accel.recorded import recorded_linear
 from postrl.models import ops
 from postrl.models.backend import Backend
 
@@ -51,11 +52,13 @@ class AccelBackend(Backend):
         return ops.attention(query, keys, values, bias, scale,
                              fused.attention_weights if fuses else None)
 
-    def linears(self, x, weights, biases, outputs):
-        known = [o is not None for o in outputs]
-        if len(weights) > 1 and len(set(known)) == 1 and tiles.serves_together(x, weights):
-            return tiles.linears(x, weights, biases, outputs if known[0] else None)
-        return [tiles.linear(x, w, b) if o is None else recorded_linear(x, w, o, b)
+    def linears(self, x, weights, biases):
+        outputs = recorded.kept_outputs(x, weights)  # the sampler's record, where it is open
+        if len(weights) > 1 and tiles.serves_together(x, weights):
+            return tiles.linears(x, weights, biases, outputs)
+        if outputs is None:
+            return [tiles.linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
+        return [recorded.recorded_linear(x, w, o, b)
                 for w, b, o in zip(weights, biases, outputs, strict=True)]
 
     def input_grad(self, grad, weight):
@@ -71,6 +74,17 @@ class AccelBackend(Backend):
 
     def add_into(self, into, grad):
         fused.add_into(into, grad)
+
+    def kept_forward(self, model, rows):
+        return None if rows is None else rows.open(model)
+
+    def kept(self, x, weights):
+        return recorded.kept_outputs(x, weights)
+
+    def recompute_contexts(self):
+        what = recorded.current_reading()
+        return (contextlib.nullcontext(),
+                contextlib.nullcontext() if what is None else recorded.reading(what))
 
     def decoding(self, model):
         return LeanDecoding() if unsupported_reason(model) is None else None

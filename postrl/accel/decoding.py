@@ -12,6 +12,7 @@ import torch
 from postrl.accel.lean import LeanDecoder
 from postrl.accel.lean_weights import LeanWeights
 from postrl.accel.recorded import (
+    RECORDS,
     RecordedForward,
     RecordedRows,
     RecordMemory,
@@ -55,18 +56,21 @@ class LeanDecoding:
         """A record of ``model``'s forward as ``weights`` sample it, where the weights are in
         the record's dtype, the training forward can read it (not through LoRA layers), the
         record fits :data:`RECORD_MEMORY_SHARE` of the memory and saves at least
-        :data:`RECORD_MIN_FLOPS_PER_BYTE`; else None."""
+        :data:`RECORD_MIN_FLOPS_PER_BYTE`; else None. Records gone stale are released first
+        (``RECORDS``): their memory goes to this one."""
+        RECORDS.sweep()
         if (weights.dtype != record_dtype(model) or layers.unsupported_reason(model) is not None
                 or flops_per_recorded_byte(model) < RECORD_MIN_FLOPS_PER_BYTE):
             return None
         size = record_bytes(model, len(prompt_lengths), max(prompt_lengths), group_size, max_new)
         if size > RECORD_MEMORY_SHARE * physical_memory_bytes():
             return None
-        return RecordedForward(model, prompt_lengths, group_size, max_new, self._record_memory)
+        return RECORDS.add(RecordedForward(model, prompt_lengths, group_size, max_new,
+                                           self._record_memory))
 
     @staticmethod
-    def handle(record: RecordedForward, rows: int) -> RecordedRows:
-        return RecordedRows(record, torch.arange(rows))
+    def kept_rows(record: RecordedForward) -> RecordedRows:
+        return RecordedRows(record, torch.arange(record.rows))
 
 
 def physical_memory_bytes() -> int:

@@ -7,11 +7,12 @@ to float rounding, one the sampler already computed, token by token. The lean sa
 layer's q|k|v, attention output, gate|up and down projections, and the logits), and the
 training forward (``postrl.models.layers.body_with_prompts``) then reads them instead of
 multiplying. The rollouts and the training batch carry a :class:`RecordedRows` (the
-``RecordHandle`` of ``postrl.models.backend``), which only this module opens
-(:meth:`RecordedRows.open`). Everything between the linears (embedding, RMSNorm,
-rotation, attention, SiLU, residual sums, the log-softmax) still runs, so autograd has every
-input a backward needs, and the backward is the plain one: ``dx = dy W``, ``dW = dy^T x``.
-A third of the training's matmuls go.
+``KeptRows`` of ``postrl.models.backend``), which only this backend opens
+(``Backend.kept_forward``); inside its contexts the backend's linears read the record
+(:func:`kept_outputs`), each found by its weight. Everything between the linears (embedding,
+RMSNorm, rotation, attention, SiLU, residual sums, the log-softmax) still runs, so autograd
+has every input a backward needs, and the backward is the plain one: ``dx = dy W``,
+``dW = dy^T x``. A third of the training's matmuls go.
 
 The record is in the dtype of the model whose forward it stands for: float32 for ``fp32``,
 bf16 for ``bf16-master``'s working copy (the sampler then runs that copy's own weights).
@@ -21,7 +22,9 @@ as two micro-batch sizes do; every ratio stays exactly 1 (the old log-probs are 
 forward's own, detached). A record is only used while the weights are those it was made
 with (:meth:`RecordedForward.fresh`): parameters' version counters, bumped by in-place
 changes (``load_state_dict``, an optimizer's ``foreach`` step; the update bumps them after
-a fused optimizer's step, which does not).
+a fused optimizer's step, which does not). The backend frees a record itself
+(:data:`RECORDS`): when nothing holds it any more, or at the next recording once it is
+stale.
 
 Slots: the prompts' columns first (``prompts x P``, left-padded as the sampler prefilled
 them), then the decode steps' in order, each step's running rows side by side (the column
@@ -31,14 +34,15 @@ one slot of zeros for the padding of a training layout.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from postrl.accel import tiles
-from postrl.models import ops
 
 KINDS = ("qkv", "out", "gate_up", "down")  # the linears of a layer, in the sampler's fusion
 
@@ -127,7 +131,7 @@ class RecordedForward:
         self.prompts, self.prompt_width = len(prompt_lengths), max(prompt_lengths)
         self.group_size, self.max_new = group_size, max_new
         self.response_start = self.prompts * self.prompt_width
-        rows = self.prompts * group_size
+        self.rows = rows = self.prompts * group_size
         self.zero = self.response_start + rows * max_new  # after every slot a step can fill
         self._memory = memory or RecordMemory()
         tensors = self._memory.take(self, [*widths * layers, vocab], self.zero + 1,
@@ -147,12 +151,17 @@ class RecordedForward:
         :meth:`release`)."""
         return model is self.model and parameter_versions(model) == self.versions
 
+    def stale(self) -> bool:
+        """Whether no forward can read this record any more: its model's weights changed
+        since, or it was released."""
+        return self.model is None or not self.fresh(self.model)
+
     def release(self) -> None:
-        """Done with (its update has run): its memory goes to the next record, even while
-        something still holds this object, and nothing reads it again. Something did hold
-        it: math_verify's parse cache keeps antlr's recognition exceptions, whose tracebacks
-        keep every frame up the stack, the trainer's step with its batch among them
-        (docs/performance.md); each such step kept its record's gigabyte alive."""
+        """Done with (stale): its memory goes to the next record, even while something still
+        holds this object, and nothing reads it again. Something did hold it: math_verify's
+        parse cache keeps antlr's recognition exceptions, whose tracebacks keep every frame up
+        the stack, the trainer's step with its batch among them (bench/log.md); each such
+        step kept its record's gigabyte alive."""
         self.model = None  # fresh() is False from now on
         self.linears, self.logits = [], torch.empty(0)
         self._memory.release(self)
@@ -174,12 +183,37 @@ class RecordedForward:
         return torch.arange(1, self.prompts + 1) * self.prompt_width - 1
 
 
+class Records:
+    """The records this process has made, held weakly: a record lives while its rows
+    (:class:`RecordedRows`, carried by rollouts and batches) do, and :meth:`sweep` releases
+    those that are stale however long they are held, before the next record takes memory."""
+
+    def __init__(self) -> None:
+        self._made: weakref.WeakSet[RecordedForward] = weakref.WeakSet()
+
+    def add(self, record: RecordedForward) -> RecordedForward:
+        self._made.add(record)
+        return record
+
+    def sweep(self) -> None:
+        """Release every stale record (its memory goes to the next)."""
+        for record in list(self._made):
+            if record.stale():
+                record.release()
+                self._made.discard(record)
+
+
+RECORDS = Records()
+
+
 @dataclass
 class RecordedRows:
-    """Rows' view of a record: the ``generate`` row of each."""
+    """Rows' view of a record: the ``generate`` row of each (the backend's ``KeptRows``);
+    opened (:meth:`open`) for one forward of the recorded ``model``."""
 
     record: RecordedForward
     rows: Tensor  # [N]
+    model: nn.Module | None = None  # the model it is open for
 
     def select(self, start: int, stop: int) -> RecordedRows:
         return RecordedRows(self.record, self.rows[start:stop])
@@ -193,32 +227,38 @@ class RecordedRows:
             return None
         return RecordedRows(self.record, torch.cat([p.rows for p in parts]))
 
-    def release(self) -> None:
-        self.record.release()
-
     def open(self, model: nn.Module) -> RecordedRows | None:
-        """These rows for ``model``'s forward now: themselves while the record is that of
-        ``model`` at its current weights, outside autocast (the record is in the weights'
-        dtype, autocast computes in another); else None."""
+        """These rows for ``model``'s forward now (the backend's ``KeptForward``): while the
+        record is that of ``model`` at its current weights, outside autocast (the record is in
+        the weights' dtype, autocast computes in another); else None."""
         if torch.is_autocast_enabled("cpu") or not self.record.fresh(model):
             return None
-        return self
+        return RecordedRows(self.record, self.rows, model)
 
-    def layer_outputs(self, batch, prompts: Tensor, prompt_mask: Tensor, packing):
-        """Layer ``i``'s recorded outputs for every token
-        :func:`postrl.models.layers.body_with_prompts` runs: the distinct prompts'
-        (``prompts``: their first rows), then the packed rows'."""
+    def layers(self, batch, prompts: Tensor, prompt_mask: Tensor, packing
+               ) -> contextlib.AbstractContextManager:
+        """Inside, the backend's linears of ``model``'s layers read their recorded outputs for
+        every token :func:`postrl.models.layers.body_with_prompts` runs: the distinct
+        prompts' (``prompts``: their first rows), then the packed rows'."""
         prompt_slots = self.prompt_slots(prompts, batch.prompt_width, prompt_mask)
         prompt_lengths = batch.attention_mask[:, : batch.prompt_width].sum(dim=1)
         rows = packing.segments  # negative on padding
         columns = packing.position_ids - prompt_lengths[rows.clamp(min=0)]
         slots = torch.cat([prompt_slots.flatten(), self.response_slots(rows, columns).flatten()])
-        return lambda index: self.layer(index, slots)
+        groups = {}  # each group of linears the sampler fuses, by its weights: layer and kind
+        for i, layer in enumerate(self.model.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            fused = ((attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,),
+                     (mlp.gate_proj, mlp.up_proj), (mlp.down_proj,))
+            groups.update({tuple(id(m.weight) for m in group): (i, kind)
+                           for kind, group in enumerate(fused)})
+        return reading(_LayerReading(self.record, slots, groups))
 
-    def logits(self, rows: Tensor, columns: Tensor):
-        """A reader of the recorded logits that predict response ``columns`` of ``rows``."""
-        slots = self.logit_slots(rows, columns)
-        return lambda start, stop: self.record.logits.index_select(0, slots[start:stop])
+    def head(self, rows: Tensor, columns: Tensor) -> contextlib.AbstractContextManager:
+        """Inside, the LM head's linear reads the recorded logits that predict response
+        ``columns`` of micro-batch ``rows``, the next of them at each call."""
+        return reading(_HeadReading(self.record, self.logit_slots(rows, columns),
+                                    self.model.lm_head.weight))
 
     def prompt_slots(self, prompt_rows: Tensor, width: int, mask: Tensor) -> Tensor:
         """``[n, width]`` slots of the distinct prompts (micro-batch rows ``prompt_rows``),
@@ -249,8 +289,77 @@ class RecordedRows:
         return [t.index_select(0, slots) for t in self.record.linears[index]]
 
 
+class _LayerReading:
+    """The layers' recorded outputs at ``slots``, found by the weights of each group."""
+
+    def __init__(self, record: RecordedForward, slots: Tensor,
+                 groups: dict[tuple[int, ...], tuple[int, int]]) -> None:
+        self.record, self.slots, self.groups = record, slots, groups
+
+    def outputs(self, x: Tensor, weights: list[Tensor]) -> list[Tensor] | None:
+        place = self.groups.get(tuple(id(w) for w in weights))
+        if place is None:
+            return None
+        layer, kind = place
+        joined = self.record.linears[layer][kind].index_select(0, self.slots)
+        return list(joined.split([w.shape[0] for w in weights], dim=-1))
+
+
+class _HeadReading:
+    """The recorded logits at ``slots``, the next ``len(x)`` of them at each call."""
+
+    def __init__(self, record: RecordedForward, slots: Tensor, weight: Tensor) -> None:
+        self.record, self.slots, self.weight, self.read = record, slots, weight, 0
+
+    def outputs(self, x: Tensor, weights: list[Tensor]) -> list[Tensor] | None:
+        if len(weights) != 1 or weights[0] is not self.weight:
+            return None
+        slots = self.slots[self.read : self.read + x.shape[0]]
+        self.read += x.shape[0]
+        return [self.record.logits.index_select(0, slots)]
+
+
+_reading: _LayerReading | _HeadReading | None = None  # what the backend's linears read now
+
+
+@contextlib.contextmanager
+def reading(what: _LayerReading | _HeadReading | None) -> Iterator[None]:
+    """Inside, :func:`kept_outputs` reads ``what``."""
+    global _reading
+    before, _reading = _reading, what
+    try:
+        yield
+    finally:
+        _reading = before
+
+
+def current_reading() -> _LayerReading | _HeadReading | None:
+    return _reading
+
+
+def kept_outputs(x: Tensor, weights: list[Tensor]) -> list[Tensor] | None:
+    """The recorded outputs of the linears ``weights`` over ``x`` (one group the sampler
+    fuses, or the LM head), where an open record holds them; else None."""
+    return None if _reading is None else _reading.outputs(x, weights)
+
+
+class KnownLinear(torch.autograd.Function):
+    """``x W^T + b`` whose value ``output`` is already known (the sampler recorded it): the
+    forward returns it, the backward is the linear's (:func:`postrl.accel.tiles.backward`:
+    on AMX tiles where they serve)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, output: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return (*tiles.backward(grad, *ctx.saved_tensors, ctx.needs_input_grad[:3]), None)
+
+
 def recorded_linear(x: Tensor, weight: Tensor, output: Tensor,
                     bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` with the value ``output`` already known (same shape),
     its backward on AMX tiles where they serve."""
-    return ops.KnownLinear.apply(x, weight, bias, output, tiles.backward)
+    return KnownLinear.apply(x, weight, bias, output)

@@ -5,16 +5,20 @@ Everything postrl computes has a plain implementation: PyTorch's operations
 That is :class:`Backend` itself. A backend package subclasses it and overrides what it does
 faster, falling back to these methods wherever it does not serve the tensors at hand;
 postrl's own, ``postrl.accel``, brings native CPU kernels, a lean sampler and the sampler's
-record of its forward. Nothing else in postrl imports a backend: :func:`use` picks one by
-module name, once, at setup (the trainer and every Ray worker call it), and :func:`active`
-hands it out (choosing the default on first use). Deleting ``postrl/accel/`` leaves a postrl
-that trains with PyTorch's and oneDNN's kernels.
+record of its forward. That record is the backend's alone: it makes it, keeps it, reads it
+and frees it; the rollouts and batches carry only their rows' share of it, opaque
+(:class:`KeptRows`), and the training forward asks :meth:`Backend.kept_forward` whether the
+backend serves it from what it kept. Nothing else in postrl imports a backend: :func:`use`
+picks one by module name, once, at setup (the trainer and every Ray worker call it), and
+:func:`active` hands it out (choosing the default on first use). Deleting ``postrl/accel/``
+leaves a postrl that trains with PyTorch's and oneDNN's kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import torch
@@ -28,37 +32,35 @@ from postrl.models.vocab import logprob_and_entropy
 DEFAULT = "postrl.accel"  # used when importable; PyTorch's operations otherwise
 
 
-class RecordHandle(Protocol):
-    """Rows' share of what a backend's sampler recorded of its forward: carried with the
-    rollouts and the training batch, opened only by the backend that wrote it."""
+class KeptRows(Protocol):
+    """Rows' share of what a backend kept of sampling them (a record of the sampler's
+    forward): carried with the rollouts and batches, selected with their rows, and handed back
+    to the backend (:meth:`Backend.kept_forward`), which alone looks inside. The backend frees
+    what it kept itself: once nothing holds it, or once it is stale (the weights changed)."""
 
-    def select(self, start: int, stop: int) -> RecordHandle: ...
+    def select(self, start: int, stop: int) -> KeptRows: ...
 
-    def take(self, rows: Tensor) -> RecordHandle: ...
+    def take(self, rows: Tensor) -> KeptRows: ...
 
-    def join(self, parts: list[RecordHandle]) -> RecordHandle | None:
-        """``parts`` (this one among them) as one handle, None if they are not one record's."""
-
-    def release(self) -> None:
-        """The update is done: the record's memory may go to the next one."""
-
-    def open(self, model) -> OpenRecord | None:
-        """The record's values for ``model``'s forward now, None when they are not it (other
-        weights, autocast)."""
+    def join(self, parts: list[KeptRows]) -> KeptRows | None:
+        """``parts`` (this one among them) as one, None if they are not one sampling's."""
 
 
-class OpenRecord(Protocol):
-    """A record opened for one micro-batch (see :class:`RecordHandle`)."""
+class KeptForward(Protocol):
+    """What a backend kept of the sampler's forward over a micro-batch's rows, opened for one
+    training forward of the model it was made with (:meth:`Backend.kept_forward`). Inside
+    either context the backend's linears (:meth:`Backend.linears`, :meth:`Backend.kept`)
+    return the kept outputs instead of multiplying, with the plain backward."""
 
-    def layer_outputs(self, batch, prompts: Tensor, prompt_mask: Tensor, packing
-                      ) -> Callable[[int], list[Tensor]]:
-        """Layer ``i``'s linear outputs for the tokens of
-        :func:`postrl.models.layers.body_with_prompts` (the distinct prompts', then the
-        packed rows')."""
+    def layers(self, batch, prompts: Tensor, prompt_mask: Tensor, packing
+               ) -> AbstractContextManager:
+        """Around :func:`postrl.models.layers.body_with_prompts` over ``batch``'s distinct
+        prompts (``prompts``: their first rows; ``prompt_mask``), then its packed rows
+        (``packing``)."""
 
-    def logits(self, rows: Tensor, columns: Tensor) -> Callable[[int, int], Tensor]:
-        """A reader of the logits that predict response ``columns`` of micro-batch ``rows``:
-        ``read(start, stop)`` gives those of entries ``start:stop``."""
+    def head(self, rows: Tensor, columns: Tensor) -> AbstractContextManager:
+        """Around the LM head over the scored tokens at ``rows`` and response ``columns``, a
+        chunk of them per call, in that order."""
 
 
 class Decoding(Protocol):
@@ -76,10 +78,11 @@ class Decoding(Protocol):
 
     def recorder(self, model, weights, prompt_lengths: list[int], group_size: int,
                  max_new: int) -> object | None:
-        """A record of this call's forward (or None: not worth it, or it does not fit);
-        ``handle(record, rows)`` turns it into the rows' :class:`RecordHandle`."""
+        """A record of this call's forward, which the backend keeps for the update to read
+        (or None: not worth it, or it does not fit)."""
 
-    def handle(self, record, rows: int) -> RecordHandle: ...
+    def kept_rows(self, record) -> KeptRows:
+        """``record``'s rows, in the call's order (``Rollouts.kept_rows``)."""
 
 
 class Backend:
@@ -106,13 +109,11 @@ class Backend:
                   scale: float) -> Tensor:
         return ops.attention(query, keys, values, bias, scale)
 
-    def linears(self, x: Tensor, weights: list[Tensor], biases: list[Tensor | None],
-                outputs: list[Tensor | None]) -> list[Tensor]:
-        """``[x W_i^T + b_i]`` for linears that read the same ``x``; an entry of ``outputs``
-        that is not None is that linear's value, already known (the sampler's record)."""
-        return [F.linear(x, w, b) if o is None else
-                ops.KnownLinear.apply(x, w, b, o)
-                for w, b, o in zip(weights, biases, outputs, strict=True)]
+    def linears(self, x: Tensor, weights: list[Tensor], biases: list[Tensor | None]
+                ) -> list[Tensor]:
+        """``[x W_i^T + b_i]`` for linears that read the same ``x`` (the weights are the
+        model's parameters)."""
+        return [F.linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
 
     def input_grad(self, grad: Tensor, weight: Tensor) -> Tensor:
         """``grad W`` (``grad [..., out]``, ``W [out, in]``): a linear's input gradient."""
@@ -129,6 +130,23 @@ class Backend:
     def add_into(self, into: Tensor, grad: Tensor) -> None:
         """``into += grad`` in place (a bf16 gradient into its float32 master's)."""
         into.add_(grad)
+
+    # what the sampler kept of its forward, read by the update's (postrl.models.logprobs)
+    def kept_forward(self, model, rows: KeptRows | None) -> KeptForward | None:
+        """What this backend kept of sampling ``rows`` (a batch's ``kept_rows``) that
+        ``model``'s forward may read now instead of multiplying: None where it kept nothing
+        for them, or not for ``model``'s weights as they are (PyTorch's keeps nothing)."""
+        return None
+
+    def kept(self, x: Tensor, weights: list[Tensor]) -> list[Tensor] | None:
+        """The values of ``x W_i^T`` that an open :class:`KeptForward` holds for these
+        weights (the model's parameters), None where none does."""
+        return None
+
+    def recompute_contexts(self) -> tuple[AbstractContextManager, AbstractContextManager]:
+        """``torch.utils.checkpoint``'s ``context_fn``: a checkpointed layer recomputed in the
+        backward reads what its forward read."""
+        return contextlib.nullcontext(), contextlib.nullcontext()
 
     # the sampler (postrl.rollout)
     def decoding(self, model) -> Decoding | None:

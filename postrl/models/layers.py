@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -130,9 +129,7 @@ def body(model, input_ids: Tensor, position_ids: Tensor, bias: Tensor,
 
 def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, prompt_bias: Tensor,
                       input_ids: Tensor, position_ids: Tensor, bias: Tensor, prompt_of_row: Tensor,
-                      compiled: bool = False,
-                      known: Callable[[int], list[Tensor]] | None = None
-                      ) -> tuple[Tensor, Tensor]:
+                      compiled: bool = False) -> tuple[Tensor, Tensor]:
     """``(prompt hidden [n, P, H], hidden [B, L, H])``, both after the final norm: what
     :func:`body` gives over the prompts, and then over ``input_ids`` after the prompts' keys
     and values (row ``b`` continues prompt ``prompt_of_row[b]``; ``bias [B, 1, L, P + L]``).
@@ -140,24 +137,21 @@ def body_with_prompts(model, prompt_ids: Tensor, prompt_positions: Tensor, promp
     Each layer multiplies the prompts' tokens and the rows' tokens by its weights in one
     matmul, not two: a micro-batch's prompts are a few dozen tokens, where a matmul of their
     own runs far below the rate of a larger one, forward and backward (docs/performance.md).
-    With ``known`` (layer ``i``'s linear outputs for those tokens, prompts' first: the
-    sampler's record, ``postrl.models.backend.OpenRecord``), no linear multiplies: each reads
-    its known output; the layers then run eagerly, ``compiled`` or not (compiled layers
-    reading a record measured slower than eager ones, docs/performance.md)."""
+    Where the backend serves these tokens' linears from what it kept of the sampler's
+    forward (``postrl.models.backend.KeptForward``), they read it through :func:`_linears`,
+    tokens in this order (callers then run the layers eagerly: not ``compiled``)."""
     inner = model.model
     layer_fn = (_compiled_pair_layer() if compiled and torch.is_grad_enabled()
-                and known is None and _compile_sizes(*prompt_ids.shape, *input_ids.shape)
-                else _pair_layer)
+                and _compile_sizes(*prompt_ids.shape, *input_ids.shape) else _pair_layer)
     prompt_hidden = inner.embed_tokens(prompt_ids)
     hidden = inner.embed_tokens(input_ids)
     prompt_angles = tuple(t[:, None] for t in inner.rotary_emb(prompt_hidden, prompt_positions))
     angles = tuple(t[:, None] for t in inner.rotary_emb(hidden, position_ids))
     shapes = (prompt_hidden.shape, hidden.shape)
     flat = torch.cat([prompt_hidden.flatten(0, 1), hidden.flatten(0, 1)])
-    for i, layer in enumerate(inner.layers):
-        outputs = {} if known is None else {"outputs": known(i)}
+    for layer in inner.layers:
         flat = _run(layer_fn, layer, flat, shapes, prompt_angles, angles, prompt_bias, bias,
-                    prompt_of_row, **outputs)
+                    prompt_of_row)
     flat = _rms_norm(flat, inner.norm)
     split = prompt_ids.numel()
     return flat[:split].view(prompt_hidden.shape), flat[split:].view(hidden.shape)
@@ -167,9 +161,11 @@ def _run(layer_fn, layer, *args, **kwargs):
     """``layer_fn(layer, ...)``, its activations recomputed in the backward rather than kept
     where the layer says so (``gradient_checkpointing``, the flag transformers'
     ``activation_checkpointing_enable`` sets). Unlike transformers, in eval mode too: postrl
-    trains in either (no dropout), and the recomputed forward equals the first."""
+    trains in either (no dropout), and the recomputed forward equals the first (the backend's
+    ``recompute_contexts``: what its linears read, they read again)."""
     if torch.is_grad_enabled() and getattr(layer, "gradient_checkpointing", False):
-        return checkpoint(layer_fn, layer, *args, use_reentrant=False, **kwargs)
+        return checkpoint(layer_fn, layer, *args, use_reentrant=False,
+                          context_fn=backend.active().recompute_contexts, **kwargs)
     return layer_fn(layer, *args, **kwargs)
 
 
@@ -244,17 +240,14 @@ def _compiled_pair_layer():
 
 
 def _pair_layer(layer, flat: Tensor, shapes, prompt_angles, angles, prompt_bias: Tensor,
-                bias: Tensor, prompt_of_row: Tensor, outputs: list[Tensor] | None = None
-                ) -> Tensor:
+                bias: Tensor, prompt_of_row: Tensor) -> Tensor:
     """:func:`_layer` over the prompts' tokens and the rows' tokens, concatenated in ``flat``
     (``[n * P + B * L, H]``, shapes ``[n, P, H]`` and ``[B, L, H]``): every linear runs once
     over both; attention runs within the prompts, then for each row over its prompt's keys
-    and values and its own. ``outputs``: the linears' outputs, already known (one tensor per
-    of q|k|v, o, gate|up, down: the fused projections' parts side by side)."""
+    and values and its own."""
     attn, dim = layer.self_attn, layer.self_attn.head_dim
     (prompts, length, _), (rows, width, _) = shapes
     split = prompts * length
-    known = _known_outputs(layer, outputs)
 
     def heads(t: Tensor) -> tuple[Tensor, Tensor]:  # [n, h, P, d] and [B, h, L, d]
         return (t[:split].view(prompts, length, -1, dim).transpose(1, 2),
@@ -262,7 +255,7 @@ def _pair_layer(layer, flat: Tensor, shapes, prompt_angles, angles, prompt_bias:
 
     x = _rms_norm(flat, layer.input_layernorm)
     (prompt_query, query), (prompt_key, key), (prompt_value, value) = (
-        heads(t) for t in _linears(x, (attn.q_proj, attn.k_proj, attn.v_proj), known))
+        heads(t) for t in _linears(x, (attn.q_proj, attn.k_proj, attn.v_proj)))
     prompt_query, prompt_key = (rotate(t, *prompt_angles) for t in (prompt_query, prompt_key))
     query, key = (rotate(t, *angles) for t in (query, key))
     prompt_out = _attend(prompt_query, prompt_key, prompt_value, prompt_bias, attn.scaling)
@@ -270,43 +263,27 @@ def _pair_layer(layer, flat: Tensor, shapes, prompt_angles, angles, prompt_bias:
     values = torch.cat([prompt_value.index_select(0, prompt_of_row), value], dim=2)
     out = _attend(query, keys, values, bias, attn.scaling)
     out = torch.cat([prompt_out.flatten(0, 1), out.flatten(0, 1)])
-    return _mlp_block(layer, flat + _linear(out, attn.o_proj, known.get(attn.o_proj)), known)
+    return _mlp_block(layer, flat + _linear(out, attn.o_proj))
 
 
-def _known_outputs(layer, outputs: list[Tensor] | None) -> dict[nn.Linear, Tensor]:
-    """Each linear of ``layer`` with its part of ``outputs`` (none without)."""
-    if outputs is None:
-        return {}
-    attn, mlp = layer.self_attn, layer.mlp
-    known = {}
-    for joined, modules in zip(outputs, ((attn.q_proj, attn.k_proj, attn.v_proj),
-                                        (attn.o_proj,), (mlp.gate_proj, mlp.up_proj),
-                                        (mlp.down_proj,)), strict=True):
-        parts = joined.split([m.out_features for m in modules], dim=-1)
-        known.update(zip(modules, parts, strict=True))
-    return known
-
-
-def _mlp_block(layer, hidden: Tensor, known: dict[nn.Linear, Tensor] | None = None) -> Tensor:
+def _mlp_block(layer, hidden: Tensor) -> Tensor:
     """The layer's second half: ``hidden`` plus its SwiGLU MLP of the normed ``hidden``."""
-    mlp, known = layer.mlp, known or {}
+    mlp = layer.mlp
     x = _rms_norm(hidden, layer.post_attention_layernorm)
-    gate, up = _linears(x, (mlp.gate_proj, mlp.up_proj), known)
-    return hidden + _linear(backend.active().swiglu(gate, up), mlp.down_proj,
-                           known.get(mlp.down_proj))
+    gate, up = _linears(x, (mlp.gate_proj, mlp.up_proj))
+    return hidden + _linear(backend.active().swiglu(gate, up), mlp.down_proj)
 
 
-def _linear(x: Tensor, module: nn.Linear, output: Tensor | None = None) -> Tensor:
-    """``module(x)``; with ``output``, that value already known (the backward is the same)."""
-    return _linears(x, (module,), {} if output is None else {module: output})[0]
+def _linear(x: Tensor, module: nn.Linear) -> Tensor:
+    """``module(x)``, by the backend."""
+    return _linears(x, (module,))[0]
 
 
-def _linears(x: Tensor, modules: tuple[nn.Linear, ...], known: dict[nn.Linear, Tensor]
-             ) -> list[Tensor]:
-    """:func:`_linear` of each of ``modules`` (which read the same ``x``: a backend may run
-    their backward as one)."""
-    return backend.active().linears(x, [m.weight for m in modules], [m.bias for m in modules],
-                                    [known.get(m) for m in modules])
+def _linears(x: Tensor, modules: tuple[nn.Linear, ...]) -> list[Tensor]:
+    """:func:`_linear` of each of ``modules``, which read the same ``x``: a backend may run
+    their backward as one, and serve their outputs from what it kept of the sampler's forward
+    (the groups are those the sampler fuses: q|k|v, o, gate|up, down)."""
+    return backend.active().linears(x, [m.weight for m in modules], [m.bias for m in modules])
 
 
 def _rms_norm(x: Tensor, norm: nn.Module) -> Tensor:

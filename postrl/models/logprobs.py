@@ -17,6 +17,7 @@ heads); other models, and any model under FSDP2, run transformers' forward with 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -31,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from postrl.models import backend, layers
-from postrl.models.backend import OpenRecord, RecordHandle
+from postrl.models.backend import KeptForward, KeptRows
 from postrl.models.packing import Packing, attention_bias, pack_responses
 
 # Scored tokens per pass through the LM head and the vocabulary's log-softmax (when the
@@ -52,9 +53,9 @@ class SequenceBatch:
     # [N, T] the response tokens to score, when not every attended one is (a multi-turn
     # episode's environment tokens are context only); None: all of them
     score_mask: Tensor | None = None
-    # the sampler's record of these rows' forward, read instead of multiplying while fresh
-    # (opened only by the backend that wrote it)
-    recorded: RecordHandle | None = None
+    # these rows' share of what the backend kept of sampling them: its record of the
+    # sampler's forward may stand in for this one (``Backend.kept_forward``); opaque here
+    kept_rows: KeptRows | None = None
 
     @classmethod
     def build(cls, prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor,
@@ -80,7 +81,7 @@ class SequenceBatch:
         return attended if self.score_mask is None else attended & self.score_mask
 
     def to(self, device: torch.device | str) -> SequenceBatch:
-        """These rows on ``device`` (a record of the sampler's forward stays where it is)."""
+        """These rows on ``device`` (what the backend kept stays where it is)."""
         if torch.device(device) == self.input_ids.device:
             return self
         return dataclasses.replace(self, input_ids=self.input_ids.to(device),
@@ -104,48 +105,49 @@ def response_logprobs(
     see :func:`lm_head_chunks` (one process only). ``compile_layers``: postrl's own decoder
     layers run compiled (``torch_compile``; :func:`postrl.models.layers.body`). Where the
     model's layers are checkpointed (``gradient_checkpointing``), each chunk's logits are
-    made again in the backward too, not kept (unless the sampler's record holds them). The
-    graph is for one backward: a plain linear head's logits are overwritten by their
-    gradient there (``consume_logits``), so a second backward through it raises.
+    made again in the backward too, not kept (unless the backend serves them from what it
+    kept of the sampler's forward). The graph is for one backward: a plain linear head's
+    logits are overwritten by their gradient there (``consume_logits``), so a second backward
+    through it raises.
     """
-    recorded = None if batch.recorded is None else batch.recorded.open(model)
-    hidden, recorded = response_hidden(model, batch, share_prompts, compile_layers, recorded)
+    kept = backend.active().kept_forward(model, batch.kept_rows)
+    hidden, kept = response_hidden(model, batch, share_prompts, compile_layers, kept)
     # only the scored response tokens go through the LM head, chunk_tokens at a time
     scored = batch.scored
     hidden, targets = hidden[scored], batch.input_ids[:, batch.prompt_width:][scored]
-    known_logits = None if recorded is None else recorded.logits(*scored.nonzero().unbind(1))
     chunk = chunk_tokens or HEAD_CHUNK_TOKENS
     head = lm_head_chunks(model) if head_grad_in_place else model.lm_head
-    head = _plain_head(head) if isinstance(head, nn.Module) else head
+    head = _plain_head(head, kept is not None) if isinstance(head, nn.Module) else head
     score = functools.partial(_score_chunk, head, temperature=temperature,
                               entropy_grad=entropy_grad and torch.is_grad_enabled(),
-                              with_entropy=with_entropy,
-                              linear_head=type(model.lm_head) is nn.Linear)
-    if known_logits is None and layers.checkpointed(model):  # logits again in the backward
+                              with_entropy=with_entropy, consume_logits=kept is None
+                              and type(model.lm_head) is nn.Linear)
+    if kept is None and layers.checkpointed(model):  # logits again in the backward
         score = functools.partial(checkpoint, score, use_reentrant=False)
     logps, entropies = [], []
-    # at least one (possibly empty) chunk, so that a batch without a scored token still gives
-    # a result attached to the graph (a zero loss that can be back-propagated)
-    for start in range(0, max(hidden.shape[0], 1), chunk):
-        logits = None if known_logits is None else known_logits(start, start + chunk)
-        logp, entropy = score(hidden[start : start + chunk], targets[start : start + chunk],
-                              logits)
-        logps.append(logp)
-        entropies.append(entropy)
+    with contextlib.nullcontext() if kept is None else kept.head(*scored.nonzero().unbind(1)):
+        # at least one (possibly empty) chunk, so that a batch without a scored token still
+        # gives a result attached to the graph (a zero loss that can be back-propagated)
+        for start in range(0, max(hidden.shape[0], 1), chunk):
+            logp, entropy = score(hidden[start : start + chunk], targets[start : start + chunk])
+            logps.append(logp)
+            entropies.append(entropy)
     return _unflatten(logps, scored), _unflatten(entropies, scored) if with_entropy else None
 
 
 def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
-                    compile_layers: bool = False, recorded: OpenRecord | None = None
-                    ) -> tuple[Tensor, OpenRecord | None]:
-    """``([N, T, H], recorded or None)``: the last hidden states that predict each response
-    token (the one at column ``c`` predicts the token at ``c + 1``), and ``recorded`` if the
+                    compile_layers: bool = False, kept: KeptForward | None = None
+                    ) -> tuple[Tensor, KeptForward | None]:
+    """``([N, T, H], kept or None)``: the last hidden states that predict each response
+    token (the one at column ``c`` predicts the token at ``c + 1``), and ``kept`` if the
     layers read it (see below). Llama-style models run postrl's own layers when prompts are
     shared (each distinct prompt once; with packed responses, the prompts' and the responses'
     tokens go through each layer's linears together); other models, and whole rows
-    (``share_prompts`` off: FSDP2), run transformers' forward. ``recorded`` (the sampler's
-    record of these rows, :func:`usable_record`) is read instead of multiplying on the
-    packed path of postrl's layers; any other path leaves it unread."""
+    (``share_prompts`` off: FSDP2), run transformers' forward. ``kept`` (what the backend
+    kept of the sampler's forward of these rows, ``Backend.kept_forward``) serves the linears
+    of the packed path of postrl's layers, which then run eagerly (compiled layers serving
+    it measured slower than eager ones, docs/performance.md); any other path leaves it
+    unread."""
     width, response_width = batch.prompt_width, batch.input_ids.shape[1] - batch.prompt_width
     own = share_prompts and layers.unsupported_reason(model) is None
     # transformers' checkpointed layers drop the prompts' cache: whole rows there instead
@@ -165,18 +167,19 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
     if packing is not None:
         if own:  # the prompts' and the responses' tokens through each linear together
             bias = attention_bias(packing, prompt_mask, body.dtype)  # the residual stream's
-            known = (None if recorded is None else
-                     recorded.layer_outputs(batch, prompts, prompt_mask, packing))
-            prompt, packed = body.forward_with_prompts(prompt_ids, prompt_positions, prompt_mask,
-                                                       packing, bias, known)
+            with (contextlib.nullcontext() if kept is None else
+                  kept.layers(batch, prompts, prompt_mask, packing)):
+                prompt, packed = body.forward_with_prompts(prompt_ids, prompt_positions,
+                                                           prompt_mask, packing, bias,
+                                                           eager=kept is not None)
         else:
-            recorded = None
+            kept = None
             prompt, past = body.forward(prompt_ids, prompt_positions, prompt_mask, keep=True)
             bias = attention_bias(packing, prompt_mask, prompt.dtype)
             packed, _ = body.forward(packing.input_ids, packing.position_ids, bias,
                                      body.select(past, packing.prompts))
         hidden = torch.cat([prompt[:, -1], packed.flatten(0, 1)]).index_select(0, packing.source)
-        return hidden.view(*batch.input_ids[:, width:].shape, -1), recorded
+        return hidden.view(*batch.input_ids[:, width:].shape, -1), kept
     prompt, past = body.forward(prompt_ids, prompt_positions, prompt_mask, keep=True)
     if response_width == 1:
         return prompt[rows, -1:], None  # predicts the first response token
@@ -187,26 +190,23 @@ def response_hidden(model, batch: SequenceBatch, share_prompts: bool = True,
     return torch.cat([prompt[rows, -1:], responses], dim=1), None
 
 
-def _score_chunk(head, hidden: Tensor, targets: Tensor, logits: Tensor | None,
-                 temperature: float, entropy_grad: bool, with_entropy: bool, linear_head: bool
-                 ) -> tuple[Tensor, Tensor | None]:
-    """One chunk's log-probs and entropies: ``head`` over its hidden states (or its
-    ``logits``, already known), then the vocabulary's log-softmax. ``linear_head``: the head
-    is a plain linear, whose backward does not read its output, so logits it makes here
-    may be overwritten by their gradient (not the sampler's record)."""
+def _score_chunk(head, hidden: Tensor, targets: Tensor, temperature: float, entropy_grad: bool,
+                 with_entropy: bool, consume_logits: bool) -> tuple[Tensor, Tensor | None]:
+    """One chunk's log-probs and entropies: ``head`` over its hidden states, then the
+    vocabulary's log-softmax. ``consume_logits``: the head is a plain linear that made its
+    logits here (not the backend's kept ones), whose backward does not read them, so they may
+    be overwritten by their gradient."""
     return backend.active().logprob_and_entropy(
-        head(hidden, logits), targets, temperature, entropy_grad, with_entropy,
-        consume_logits=linear_head and logits is None)
+        head(hidden), targets, temperature, entropy_grad, with_entropy,
+        consume_logits=consume_logits)
 
 
-def _plain_head(head: nn.Module) -> Callable[[Tensor, Tensor | None], Tensor]:
-    """``head`` for one chunk, or its ``output`` already known (the sampler's record)."""
-    def chunk_logits(hidden: Tensor, output: Tensor | None = None) -> Tensor:
-        if output is None:
-            return head(hidden)
-        return backend.active().linears(hidden, [head.weight], [head.bias], [output])[0]
-
-    return chunk_logits
+def _plain_head(head: nn.Module, served: bool) -> Callable[[Tensor], Tensor]:
+    """``head`` for one chunk; ``served``: by the backend's linears, which serve its logits
+    from what they kept of the sampler's forward (:class:`KeptForward`)."""
+    if not served:
+        return head
+    return lambda hidden: backend.active().linears(hidden, [head.weight], [head.bias])[0]
 
 
 class _OwnLayers:
@@ -227,14 +227,15 @@ class _OwnLayers:
         return layers.body(self.model, input_ids, position_ids, mask, past, self.compiled)
 
     def forward_with_prompts(self, prompt_ids: Tensor, prompt_positions: Tensor,
-                             prompt_mask: Tensor, packing: Packing, bias: Tensor, known=None):
+                             prompt_mask: Tensor, packing: Packing, bias: Tensor,
+                             eager: bool = False):
         """``(prompt hidden states, packed rows' hidden states)``: the two forwards of
-        :meth:`forward` (the prompts, then the packed rows after them) in one pass;
-        ``known``: see :func:`postrl.models.layers.body_with_prompts`."""
+        :meth:`forward` (the prompts, then the packed rows after them) in one pass; ``eager``:
+        not compiled, whatever ``compiled`` says."""
         prompt_bias = layers.causal_bias(prompt_mask, self.dtype)
         return layers.body_with_prompts(self.model, prompt_ids, prompt_positions, prompt_bias,
                                         packing.input_ids, packing.position_ids, bias,
-                                        packing.prompts, self.compiled, known)
+                                        packing.prompts, self.compiled and not eager)
 
     @staticmethod
     def select(past: layers.KeysValues, rows: Tensor) -> layers.KeysValues:
@@ -266,8 +267,8 @@ class _Transformers:
 
 def lm_head_chunks(model) -> Callable[..., Tensor]:
     """The LM head for one chunk of tokens at a time, each chunk's weight gradient added in
-    place into the weight's ``.grad`` by the matmul that computes it (a second argument,
-    when given, is the chunk's logits already known: the sampler's record).
+    place into the weight's ``.grad`` by the matmul that computes it (its logits those the
+    backend kept of the sampler's forward, where it serves them: ``Backend.kept``).
 
     Through autograd, the chunks' weight gradients (one vocabulary-sized tensor each, 113 MB
     for SmolLM2 in float32) are summed out of place, and so is their sum with the input
@@ -287,20 +288,21 @@ def lm_head_chunks(model) -> Callable[..., Tensor]:
             and torch.is_grad_enabled()):
         return head
 
-    def chunk_logits(hidden: Tensor, output: Tensor | None = None) -> Tensor:
-        return _HeadChunk.apply(hidden, output, head)
+    def chunk_logits(hidden: Tensor) -> Tensor:
+        return _HeadChunk.apply(hidden, head)
 
     return chunk_logits
 
 
 class _HeadChunk(torch.autograd.Function):
-    """``hidden W^T`` for the head ``head`` (or its value ``output``, already known); the
+    """``hidden W^T`` for the head ``head`` (or the value the backend kept of it); the
     backward adds ``dy^T hidden`` into ``W.grad`` itself and returns only ``dy W``. Under
     autocast both multiply in autocast's dtype, as ``F.linear`` would, and the weight's
     gradient is added into its float32 ``.grad`` from there."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, output: Tensor | None, head: nn.Linear) -> Tensor:
+    def forward(ctx, hidden: Tensor, head: nn.Linear) -> Tensor:
+        kept = backend.active().kept(hidden, [head.weight])
         weight = head.weight.detach()  # shares the version counter: in-place edits are caught
         device = hidden.device.type
         if torch.is_autocast_enabled(device):
@@ -308,7 +310,7 @@ class _HeadChunk(torch.autograd.Function):
             hidden, weight = hidden.to(dtype), weight.to(dtype)
         ctx.save_for_backward(hidden, weight)
         ctx.head = head
-        return F.linear(hidden, weight) if output is None else output.view_as(output)
+        return F.linear(hidden, weight) if kept is None else kept[0].view_as(kept[0])
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -323,7 +325,7 @@ class _HeadChunk(torch.autograd.Function):
             parameter.grad.addmm_(flat, inputs)
         else:  # autocast: the product in its dtype, the sum in the weight's
             parameter.grad.add_(flat @ inputs)
-        return backend.active().input_grad(grad, weight), None, None
+        return backend.active().input_grad(grad, weight), None
 
 
 def cache_keyword(module) -> str:

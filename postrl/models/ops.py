@@ -80,31 +80,3 @@ def sdpa_attention(query: Tensor, keys: Tensor, values: Tensor, bias: Tensor,
     out = F.scaled_dot_product_attention(
         query, keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != heads)
     return out.transpose(1, 2).reshape(rows, width, heads * dim)
-
-
-def linear_backward(grad: Tensor, x: Tensor, weight: Tensor, needs: tuple[bool, ...]
-                    ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """The gradients of ``x W^T + b`` (``x [..., in]``) with respect to ``x``, ``W`` and ``b``
-    given ``grad [..., out]``, each None where ``needs`` (three flags) says not needed."""
-    flat = grad.reshape(-1, grad.shape[-1])
-    dx = (flat @ weight).view(*grad.shape[:-1], weight.shape[1]) if needs[0] else None
-    dw = flat.t() @ x.reshape(-1, x.shape[-1]) if needs[1] else None
-    return dx, dw, flat.sum(dim=0) if needs[2] else None
-
-
-class KnownLinear(torch.autograd.Function):
-    """``x W^T + b`` whose value ``output`` is already known (the sampler recorded it): the
-    forward returns it, the backward is the linear's, by ``backward(grad, x, W, needs)``
-    (:func:`linear_backward`, or a backend's)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, output: Tensor,
-                backward=linear_backward) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.linear_backward = backward
-        return output.view_as(output)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        needs = ctx.needs_input_grad[:3]
-        return (*ctx.linear_backward(grad, *ctx.saved_tensors, needs), None, None)

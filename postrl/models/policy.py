@@ -53,9 +53,9 @@ class ReferencePolicy:
 
     @torch.no_grad()
     def logprobs(self, batch: SequenceBatch, temperature: float) -> torch.Tensor:
-        # never the policy's recorded forward: with adapters disabled the model is the same
-        # object, at the same weight versions, yet not the recorded policy
-        batch = dataclasses.replace(batch, recorded=None)
+        # never what the backend kept of the policy's sampling: with adapters disabled the
+        # model is the same object, at the same weight versions, yet not the sampled policy
+        batch = dataclasses.replace(batch, kept_rows=None)
         if self.frozen is not None:
             return response_logprobs(self.frozen, batch, temperature)[0]
         with self.policy.disable_adapter():

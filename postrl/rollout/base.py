@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from postrl.errors import ConfigError
-from postrl.models.backend import RecordHandle
+from postrl.models.backend import KeptRows
 
 FINISH_REASONS = ("eos", "length", "stop")
 
@@ -66,8 +66,9 @@ class Rollouts:
     texts: list[str]  # decoded responses, special tokens removed
     group_size: int
     entropies: Tensor | None = None  # the sampling policy's entropy at each position; 0 off-mask
-    # the sampler's forward, recorded for the update by a backend (opened only by it)
-    recorded: RecordHandle | None = None
+    # the rows' share of what the backend kept of sampling them for the update (a record of
+    # its forward): opaque here, selected with the rows (``postrl.models.backend.KeptRows``)
+    kept_rows: KeptRows | None = None
     env_mask: Tensor | None = None  # bool [N, T]: environment tokens (multi-turn only)
     episodes: EpisodeStats | None = None  # per-episode turns, rewards, tools (multi-turn)
 
@@ -133,7 +134,7 @@ def select_rows(rollouts: Rollouts, start: int, stop: int) -> Rollouts:
         texts=rollouts.texts[start:stop],
         group_size=stop - start,
         entropies=None if rollouts.entropies is None else rollouts.entropies[start:stop, :width],
-        recorded=None if rollouts.recorded is None else rollouts.recorded.select(start, stop),
+        kept_rows=None if rollouts.kept_rows is None else rollouts.kept_rows.select(start, stop),
         env_mask=None if rollouts.env_mask is None else rollouts.env_mask[start:stop, :width],
         episodes=None if rollouts.episodes is None else rollouts.episodes.select(start, stop),
     )

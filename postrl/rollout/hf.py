@@ -43,8 +43,9 @@ class HFRolloutEngine:
         """``lean=False`` samples with transformers' forward even where the backend's applies;
         ``entropies`` records the policy's entropy at every position (``Rollouts.entropies``;
         a pass over the vocabulary per token); ``record_forward`` records the
-        sampler's linear outputs for the update (``Rollouts.recorded``; only where the
-        backend's decoding samples, all rows in one chunk, and it agrees: its ``recorder``)."""
+        sampler's linear outputs for the update (the backend keeps the record, the rollouts
+        carry their rows' share, ``Rollouts.kept_rows``; only where the backend's decoding
+        samples, all rows in one chunk, and it agrees: its ``recorder``)."""
         self.model = model
         # the model whose forward the update runs: ``model``, or bf16-master's working copy
         # (bf16 weights equal to ``model``'s, rounded), which the fast forward then samples
@@ -92,7 +93,7 @@ class HFRolloutEngine:
         texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
         return Rollouts(rows, response_ids, mask, logprobs, lengths, reasons, texts, group_size,
                         entropies,
-                        None if record is None else self.fast.handle(record, len(rows)))
+                        None if record is None else self.fast.kept_rows(record))
 
     @torch.no_grad()
     def _sampling_model(self, rows: int, columns: int):

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from postrl.models.backend import RecordHandle
+from postrl.models.backend import KeptRows
 from postrl.models.logprobs import SequenceBatch
 from postrl.objectives import advantages as adv
 from postrl.objectives import kl_penalty
@@ -42,9 +42,9 @@ class TrainBatch:
     # the sampler's log-prob of each token it drew (the behaviour policy; 0 off-mask): the
     # mismatch between sampler and trainer is measured and corrected against it
     sampler_logp: Tensor | None = None
-    # the sampler's forward, when it recorded one for all the rows (``postrl.accel.recorded``):
-    # the update reads its linears' outputs instead of multiplying, while it is fresh
-    recorded: RecordHandle | None = None
+    # the rows' share of what the backend kept of sampling them, when it kept some for every
+    # row (a record of the sampler's forward, which the update's reads while fresh): opaque
+    kept_rows: KeptRows | None = None
     # multi-turn episodes: the environment's tokens, attended to but never trained on
     env_mask: Tensor | None = None
     # env_reward_at=turn: [N, T] the part of ``rewards`` paid turn by turn, at each turn's
@@ -67,8 +67,8 @@ class TrainBatch:
             scored = trained
         sequences = SequenceBatch.build([self.prompt_ids[i] for i in rows.tolist()],
                                         self.response_ids[rows, :width], context, pad_id, scored)
-        if self.recorded is not None:
-            sequences.recorded = self.recorded.take(rows)
+        if self.kept_rows is not None:
+            sequences.kept_rows = self.kept_rows.take(rows)
         return sequences
 
 
@@ -94,16 +94,17 @@ def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
         group_size=groups[0].rollouts.group_size,
         sampler_entropy=cat("entropies", 0.0) if reported else None,
         sampler_logp=cat("logprobs", 0.0),
-        recorded=_recorded(groups),
+        kept_rows=_kept_rows(groups),
         env_mask=cat("env_mask", False) if episodes else None,
         turn_rewards=(cat_right_padded([g.turn_rewards for g in groups], 0.0)
                       if groups[0].turn_rewards is not None else None),
     )
 
 
-def _recorded(groups: list[Group]) -> RecordHandle | None:
-    """The groups' rows of the one record they all come from (None without one)."""
-    parts = [g.rollouts.recorded for g in groups]
+def _kept_rows(groups: list[Group]) -> KeptRows | None:
+    """The groups' rows of the one thing the backend kept of sampling them all (None where
+    it kept none, or several)."""
+    parts = [g.rollouts.kept_rows for g in groups]
     if not parts or any(p is None for p in parts):
         return None
     return parts[0].join(parts)
@@ -144,7 +145,7 @@ def save_rollout_batch(batch: TrainBatch, path: Path, config: dict[str, Any]) ->
     """Freeze a batch (tokens, masks, rewards, advantages, log-probs) for ``postrl replay``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)
-              if f.name != "recorded"}  # the sampler's activations: only for this update
+              if f.name != "kept_rows"}  # the backend's, in this process only
     temporary = path.with_suffix(".tmp")
     torch.save({"batch": fields, "config": config}, temporary)
     temporary.replace(path)

@@ -252,9 +252,6 @@ class Trainer:
             if self.cluster is None and self.cfg.rollout_backend == "vllm":  # its own copy
                 self.engine.load_weights(engine_weights(self.lm))
             timings["sync"] = time.perf_counter() - t
-        for group in collected.generated:  # no record is read after the update
-            if group.rollouts.recorded is not None:
-                group.rollouts.recorded.release()
         self._guard(update_metrics.pop("guard/skipped_updates", 0.0) > 0, update_metrics)
         with warnings.catch_warnings():
             if self.cluster is not None:  # here the optimizer holds the schedule; workers step

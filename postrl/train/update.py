@@ -238,8 +238,8 @@ def _step(models: Trainable, result: RoundResult, finite: list[bool | Tensor],
         result.grad_norm = float(norm)
         if policy_finite and torch.isfinite(norm):
             models.optimizer.step()
-            # fused AdamW writes the weights without bumping their version counters, which
-            # tell a backend's record of the sampler's forward that it is stale
+            # fused AdamW writes the weights without bumping their version counters: bump
+            # them, so that what was kept of the old weights' values (a backend's) is stale
             torch.autograd.graph.increment_version(models.trained_parameters())
             if models.master is not None:
                 models.master.refresh()

@@ -261,7 +261,7 @@ def test_a_call_whose_lean_weights_and_cache_would_not_fit_is_sampled_by_transfo
     built, build = [], LeanWeights.of
     monkeypatch.setattr(LeanWeights, "of", lambda *a: built.append(a) or build(*a))
     out = lean.generate(prompts(tokenizer), 4, params, seed=0)
-    assert built == [] and out.recorded is None
+    assert built == [] and out.kept_rows is None
     expected = plain.generate(prompts(tokenizer), 4, params, seed=0)
     assert torch.equal(out.response_ids, expected.response_ids)
     assert torch.equal(out.logprobs, expected.logprobs)

@@ -1,16 +1,13 @@
 """The sampler's recorded forward: what it holds is the training forward's, the update reads
-it instead of multiplying and gets the same log-probs and gradients, and it is read only
-while the weights are those it was recorded with."""
+it instead of multiplying and gets the same log-probs and gradients, it is read only while the
+weights are those it was recorded with, and the backend frees it itself."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import postrl.accel.tiles as tiles
 import postrl.models.layers as layers
-import postrl.models.logprobs as logprobs_module
-import postrl.models.ops as ops
-from postrl.accel import decoding
+from postrl.accel import decoding, recorded
 from postrl.accel.recorded import flops_per_recorded_byte, parameter_versions
 from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.precision import bf16_copy
@@ -22,7 +19,7 @@ PARAMS = SamplingParams(temperature=1.0, max_new_tokens=14)
 
 def usable_record(model, batch):
     """The batch's record opened for ``model`` (None: not usable for its forward now)."""
-    return batch.recorded.open(model)
+    return batch.kept_rows.open(model)
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +49,7 @@ def micro_batch(rollouts, rows, pad_id=0, with_record=True):
                                 rollouts.response_ids[rows, :width],
                                 rollouts.response_mask[rows, :width], pad_id)
     if with_record:
-        batch.recorded = rollouts.recorded.take(rows)
+        batch.kept_rows = rollouts.kept_rows.take(rows)
     return batch
 
 
@@ -68,21 +65,38 @@ def logp_and_grads(model, batch, head_grad_in_place):
 
 
 def count_reads(monkeypatch):
-    """A list that gets an entry for every linear that reads the record: through
-    ``recorded_linear``, a group of ``tiles.linears`` given their outputs (bf16 on AMX), or
-    the in-place head's chunks given their logits."""
+    """A list that gets an entry for every linear whose output the backend reads from the
+    record (the layers' q, k, v, o, gate, up and down, the LM head's chunks), whichever
+    way the linear then takes it (``recorded_linear``, a group of ``tiles.linears``, the
+    in-place head's chunks)."""
     reads = []
-    original = ops.KnownLinear.apply
-    monkeypatch.setattr(ops.KnownLinear, "apply",
-                        lambda *args: reads.append(1) or original(*args))
-    grouped = tiles._Linears.apply
-    monkeypatch.setattr(tiles._Linears, "apply", lambda x, count, *tensors: reads.extend(
-        1 for known in tensors[2 * count:] if known is not None) or grouped(x, count, *tensors))
-    head = logprobs_module._HeadChunk.apply
-    monkeypatch.setattr(logprobs_module._HeadChunk, "apply",
-                        lambda hidden, output, *args: (output is not None and reads.append(1))
-                        or head(hidden, output, *args))
+    for reading in (recorded._LayerReading, recorded._HeadReading):
+        def counted(self, x, weights, outputs=reading.outputs):
+            found = outputs(self, x, weights)
+            reads.extend(1 for _ in found or ())
+            return found
+
+        monkeypatch.setattr(reading, "outputs", counted)
     return reads
+
+
+def test_a_known_linear_returns_its_value_and_the_linears_gradients():
+    """The sampler's recorded output stands in for the product; the backward is the plain
+    linear's, for the input, the weight and the bias."""
+    x = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    output = torch.nn.functional.linear(x, weight, bias).detach() + 1e-9  # "recorded"
+    grad = torch.randn(5, 4, dtype=torch.float64)
+    known = recorded.recorded_linear(x, weight, output, bias)
+    assert torch.equal(known, output)
+    known.backward(grad)
+    got = [t.grad.clone() for t in (x, weight, bias)]
+    for t in (x, weight, bias):
+        t.grad = None
+    torch.nn.functional.linear(x, weight, bias).backward(grad)
+    for mine, theirs in zip(got, (x.grad, weight.grad, bias.grad), strict=True):
+        torch.testing.assert_close(mine, theirs)
 
 
 @pytest.mark.parametrize("fixture", ["tiny", "tiny_qwen2"])
@@ -94,23 +108,23 @@ def test_the_recorded_forward_gives_the_training_forwards_logprobs_and_gradients
     model = tiny[0] if fixture == "tiny" else request.getfixturevalue(fixture)
     model.train()
     rollouts = sample(model, tiny[1])
-    assert rollouts.recorded is not None and len(set(rollouts.lengths.tolist())) > 2
+    assert rollouts.kept_rows is not None and len(set(rollouts.lengths.tolist())) > 2
     rows = torch.tensor([5, 0, 7, 2, 4, 1, 6])  # prompts 0 and 1, mixed
     reads = count_reads(monkeypatch)
     for head_grad_in_place in (True, False):
         plain = logp_and_grads(model, micro_batch(rollouts, rows, with_record=False),
                                head_grad_in_place)
         assert not reads
-        recorded = logp_and_grads(model, micro_batch(rollouts, rows), head_grad_in_place)
+        read = logp_and_grads(model, micro_batch(rollouts, rows), head_grad_in_place)
         # every linear of every layer, and the LM head (one chunk of 8 rows' columns)
         assert len(reads) == 7 * len(model.model.layers) + 1
         reads.clear()
-        torch.testing.assert_close(recorded[0], plain[0], atol=2e-5, rtol=0)
-        torch.testing.assert_close(recorded[1], plain[1], atol=2e-5, rtol=0)
-        assert plain[2].keys() == recorded[2].keys()
+        torch.testing.assert_close(read[0], plain[0], atol=2e-5, rtol=0)
+        torch.testing.assert_close(read[1], plain[1], atol=2e-5, rtol=0)
+        assert plain[2].keys() == read[2].keys()
         for name, grad in plain[2].items():
             scale = max(1.0, float(grad.abs().max()))
-            torch.testing.assert_close(recorded[2][name], grad, atol=2e-5 * scale, rtol=0,
+            torch.testing.assert_close(read[2][name], grad, atol=2e-5 * scale, rtol=0,
                                        msg=name)
     model.zero_grad(set_to_none=True)
 
@@ -124,14 +138,14 @@ def test_a_bf16_working_copys_record_gives_its_logprobs_and_gradients(tiny, monk
     model, tokenizer = tiny
     working = bf16_copy(model, trainable=True).train()
     rollouts = sample(model, tokenizer, precision="bf16-master", scoring_model=working)
-    record = rollouts.recorded.record
+    record = rollouts.kept_rows.record
     assert record.logits.dtype == torch.bfloat16 and record.linears[0][0].dtype == torch.bfloat16
     assert record.fresh(working) and not record.fresh(model)
     rows = torch.tensor([5, 0, 7, 2, 4, 1, 6])
     reads = count_reads(monkeypatch)
     plain = logp_and_grads(working, micro_batch(rollouts, rows, with_record=False), True)
     assert not reads
-    recorded = logp_and_grads(working, micro_batch(rollouts, rows), True)
+    read = logp_and_grads(working, micro_batch(rollouts, rows), True)
     assert len(reads) == 7 * len(model.model.layers) + 1
     full = logp_and_grads(model, micro_batch(rollouts, rows, with_record=False), True)
     def gap(a, b):
@@ -139,11 +153,11 @@ def test_a_bf16_working_copys_record_gives_its_logprobs_and_gradients(tiny, monk
 
     # measured: 0.6-1.2x the float32 forward's distance (a record read at the wrong slots
     # is off by the spread of the log-probs, 0.5 on the tiny model)
-    for got, want, other in zip(recorded[:2], plain[:2], full[:2], strict=True):
+    for got, want, other in zip(read[:2], plain[:2], full[:2], strict=True):
         assert gap(got, want) <= 2 * gap(other, want)
-    assert plain[2].keys() == recorded[2].keys() == full[2].keys()
+    assert plain[2].keys() == read[2].keys() == full[2].keys()
     for name, grad in plain[2].items():
-        assert gap(recorded[2][name], grad) <= 2 * gap(full[2][name], grad), name
+        assert gap(read[2][name], grad) <= 2 * gap(full[2][name], grad), name
 
 
 def test_a_record_is_read_only_while_the_weights_are_the_recorded_ones(tiny, monkeypatch):
@@ -156,7 +170,7 @@ def test_a_record_is_read_only_while_the_weights_are_the_recorded_ones(tiny, mon
         plain, _ = response_logprobs(model, micro_batch(rollouts, rows, with_record=False))
         batch = micro_batch(rollouts, rows)
         assert usable_record(model, batch) is not None
-        record = rollouts.recorded.record
+        record = rollouts.kept_rows.record
         record.logits.zero_()  # every logit 0: log-probs of -log(vocab)
         spoiled, _ = response_logprobs(model, batch)
         scored = batch.attention_mask[:, batch.prompt_width:].bool()
@@ -173,26 +187,28 @@ def test_a_record_is_read_only_while_the_weights_are_the_recorded_ones(tiny, mon
             assert usable_record(model, batch) is None  # the record is float32
 
 
-def test_a_released_record_gives_its_memory_to_the_next_and_is_never_read(tiny):
-    """A record still held when the next ``generate`` records keeps its memory; once
-    released, its memory goes to the next record however long it is held, and it is never
-    read again."""
+def test_the_backend_frees_a_record_once_stale_or_let_go(tiny):
+    """A record still held and fresh keeps its memory when the next ``generate`` records;
+    once stale (a weight written in place), the next record takes its memory however long it
+    is held, and it is never read again; a record nothing holds gives its memory too."""
     model, tokenizer = tiny
     engine = HFRolloutEngine(model, tokenizer, record_forward=True)
-    first = engine.generate(prompts(tokenizer), 4, PARAMS, seed=3).recorded.record
+    first = engine.generate(prompts(tokenizer), 4, PARAMS, seed=3).kept_rows.record
     rollouts = engine.generate(prompts(tokenizer), 4, PARAMS, seed=4)
-    second = rollouts.recorded.record
-    assert second.logits.data_ptr() != first.logits.data_ptr()  # first is still held
+    second = rollouts.kept_rows.record
+    assert second.logits.data_ptr() != first.logits.data_ptr()  # first is held and fresh
     memory = second.logits.data_ptr()
     batch = micro_batch(rollouts, torch.arange(4))
     assert usable_record(model, batch) is not None
-    second.release()
-    assert not second.fresh(model) and usable_record(model, batch) is None
-    third = engine.generate(prompts(tokenizer), 4, PARAMS, seed=5).recorded.record
-    assert third.logits.data_ptr() == memory and third.fresh(model)  # second is still held
-    first.release()  # not the memory's holder now: nothing changes
-    fourth = engine.generate(prompts(tokenizer), 4, PARAMS, seed=6).recorded.record
-    assert fourth.logits.data_ptr() != memory and third.fresh(model)
+    with torch.no_grad():
+        model.model.norm.weight.add_(0.0)  # an in-place write, the same values
+    assert usable_record(model, batch) is None and first.stale() and second.stale()
+    third = engine.generate(prompts(tokenizer), 4, PARAMS, seed=5).kept_rows.record
+    assert third.logits.data_ptr() == memory and not third.stale()  # second is still held
+    assert second.model is None and usable_record(model, batch) is None  # released
+    del third  # nothing holds it: its memory goes to the next, fresh as it is
+    fourth = engine.generate(prompts(tokenizer), 4, PARAMS, seed=6).kept_rows.record
+    assert fourth.logits.data_ptr() == memory and not fourth.stale()
 
 
 def test_the_record_holds_each_prompt_and_response_columns_linear_outputs(tiny):
@@ -210,7 +226,7 @@ def test_the_record_holds_each_prompt_and_response_columns_linear_outputs(tiny):
             ids = batch.input_ids[:, batch.prompt_width - len(rollouts.prompt_ids[row]):]
             with torch.no_grad():
                 logits = model(input_ids=ids[:, :length]).logits[0]
-            view = batch.recorded
+            view = batch.kept_rows
             prompt_len = len(rollouts.prompt_ids[row])
             slots = view.prompt_slots(torch.tensor([0]), batch.prompt_width,
                                       batch.attention_mask[:, : batch.prompt_width])[0]
@@ -236,20 +252,20 @@ def test_the_record_holds_each_prompt_and_response_columns_linear_outputs(tiny):
 def test_the_engine_records_only_a_float32_lean_forward_in_one_chunk_that_fits(tiny,
                                                                             monkeypatch):
     model, tokenizer = tiny
-    assert sample(model, tokenizer).recorded is not None
-    assert sample(model, tokenizer, precision="bf16").recorded is None  # samples in bf16
+    assert sample(model, tokenizer).kept_rows is not None
+    assert sample(model, tokenizer, precision="bf16").kept_rows is None  # samples in bf16
     # bf16-master: a record of the bf16 working copy's forward, not of the float32 masters'
-    assert sample(model, tokenizer, precision="bf16-master").recorded is None
+    assert sample(model, tokenizer, precision="bf16-master").kept_rows is None
     working = bf16_copy(model, trainable=True)
-    assert sample(model, tokenizer, working, precision="bf16-master").recorded is not None
-    assert sample(model, tokenizer, batch_size=4).recorded is None  # a chunk per prompt
-    assert sample(model, tokenizer, lean=False).recorded is None  # transformers' forward
+    assert sample(model, tokenizer, working, precision="bf16-master").kept_rows is not None
+    assert sample(model, tokenizer, batch_size=4).kept_rows is None  # a chunk per prompt
+    assert sample(model, tokenizer, lean=False).kept_rows is None  # transformers' forward
     monkeypatch.setattr(decoding, "RECORD_MEMORY_SHARE", 1e-6)
-    assert sample(model, tokenizer).recorded is None
+    assert sample(model, tokenizer).kept_rows is None
     monkeypatch.undo()
-    assert sample(model, tokenizer).recorded is None  # too little arithmetic to pay
+    assert sample(model, tokenizer).kept_rows is None  # too little arithmetic to pay
     plain = HFRolloutEngine(model, tokenizer).generate(prompts(tokenizer), 4, PARAMS, seed=3)
-    assert plain.recorded is None
+    assert plain.kept_rows is None
 
 
 def test_a_record_pays_where_the_model_is_wide_enough(tiny, monkeypatch):
@@ -279,12 +295,12 @@ def test_layers_that_read_a_record_run_eagerly_under_torch_compile(tiny, monkeyp
     monkeypatch.setattr(layers, "_compiled_pair_layer",
                         lambda: compiled.append(1) or layers._pair_layer)
     reads = count_reads(monkeypatch)
-    recorded, _ = response_logprobs(model, micro_batch(rollouts, rows), compile_layers=True)
+    read, _ = response_logprobs(model, micro_batch(rollouts, rows), compile_layers=True)
     assert not compiled and len(reads) == 7 * len(model.model.layers) + 1
     plain, _ = response_logprobs(model, micro_batch(rollouts, rows, with_record=False),
                                  compile_layers=True)
     assert compiled == [1]  # one layer function, chosen once for every layer
-    torch.testing.assert_close(recorded, plain, atol=2e-5, rtol=0)
+    torch.testing.assert_close(read, plain, atol=2e-5, rtol=0)
 
 
 def test_a_model_with_adapters_is_sampled_without_a_record(tiny):
@@ -293,5 +309,5 @@ def test_a_model_with_adapters_is_sampled_without_a_record(tiny):
     lora = trained_lora(tiny[0]).get_base_model()
     engine = HFRolloutEngine(lora, tiny[1], record_forward=True)
     assert engine.fast is not None
-    assert sample(lora, tiny[1]).recorded is None
-    assert sample(tiny[0], tiny[1]).recorded is not None
+    assert sample(lora, tiny[1]).kept_rows is None
+    assert sample(tiny[0], tiny[1]).kept_rows is not None

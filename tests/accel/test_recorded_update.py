@@ -1,6 +1,6 @@
 """The update reading the sampler's record of its forward (``postrl.accel.recorded``): the
-same step as the update that multiplies, in float32 and bf16-master; the record released after
-each step."""
+same step as the update that multiplies, in float32 and bf16-master; each step's record freed
+by the backend once stale, however long it is held."""
 
 import copy
 import dataclasses
@@ -28,25 +28,25 @@ def test_the_update_reads_the_samplers_forward_and_makes_the_same_step(tmp_path,
     monkeypatch.setattr(decoding, "RECORD_MIN_FLOPS_PER_BYTE", 0.0)  # the tiny model too
     trainer = Trainer(tiny_config(tmp_path, recipe, "prompts_per_step=3", "max_new_tokens=16"))
     batch = _mixed_batch(trainer)
-    assert batch.recorded is not None
+    assert batch.kept_rows is not None
     settings = UpdateSettings(epochs=1, minibatches=1, micro_batch_size=5, temperature=1.0,
                               max_grad_norm=None, pad_id=trainer.engine.pad_id)
     lm, weights = trainer.lm.train(), copy.deepcopy(trainer.lm.state_dict())
     outcomes = []
-    for record in (None, batch.recorded, "spoiled"):
+    for record in (None, batch.kept_rows, "spoiled"):
         lm.load_state_dict(weights)
-        batch.recorded.record.versions = parameter_versions(lm)  # the recorded weights again
+        batch.kept_rows.record.versions = parameter_versions(lm)  # the recorded weights again
         if record == "spoiled":
-            record = batch.recorded
+            record = batch.kept_rows
             record.record.logits.mul_(50.0)
         # fused, as the trainer's AdamW is: it does not bump the weights' version counters
         optimizer = torch.optim.SGD(lm.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1,
                                     fused=True)
         results = run_updates(Trainable(TokenScorer(lm, tied_grads_in_place=True), optimizer),
-                              dataclasses.replace(batch, recorded=record), trainer.recipe,
+                              dataclasses.replace(batch, kept_rows=record), trainer.recipe,
                               trainer.loss_cfg, settings, [torch.arange(batch.rows)])
         outcomes.append((round_metrics(results[0]), copy.deepcopy(lm.state_dict())))
-        assert not batch.recorded.record.fresh(lm)  # the step changed the weights
+        assert not batch.kept_rows.record.fresh(lm)  # the step changed the weights
     (full, full_state), (fast, state), (spoiled, _) = outcomes
     assert full["grad/norm"] > 1e-3 and fast.keys() == full.keys()
     for key, value in full.items():
@@ -65,18 +65,18 @@ def test_a_bf16_master_update_reads_the_working_copys_record(tmp_path, monkeypat
     trainer = Trainer(tiny_config(tmp_path, "dr_grpo", "prompts_per_step=3", "max_new_tokens=16",
                                   "precision=bf16-master"))
     batch = _mixed_batch(trainer)
-    record, working = batch.recorded.record, trainer.master.working
+    record, working = batch.kept_rows.record, trainer.master.working
     assert record.logits.dtype == torch.bfloat16 and record.fresh(working)
     weights = copy.deepcopy(trainer.lm.state_dict())
     reads = count_reads(monkeypatch)
     outcomes, read = [], []
-    for recorded in (None, batch.recorded):
+    for rows in (None, batch.kept_rows):
         trainer.lm.load_state_dict(weights)
         trainer.master.refresh()
         trainer.optimizer.state.clear()  # each update is the optimizer's first step
         record.versions = parameter_versions(working)  # the recorded weights again
         reads.clear()
-        outcomes.append(trainer.phases.update(dataclasses.replace(batch, recorded=recorded)))
+        outcomes.append(trainer.phases.update(dataclasses.replace(batch, kept_rows=rows)))
         read.append(len(reads))
         assert not record.fresh(working)  # the step refreshed the working copy
     # every linear of every layer and the LM head, in each micro-batch
@@ -90,10 +90,11 @@ def test_a_bf16_master_update_reads_the_working_copys_record(tmp_path, monkeypat
         assert fast[key] == pytest.approx(value, rel=5e-3, abs=1e-6), key
 
 
-def test_a_step_releases_its_record_however_long_it_is_held(tmp_path, monkeypatch):
+def test_a_steps_record_is_freed_however_long_it_is_held(tmp_path, monkeypatch):
     """Something outside postrl may keep a step's rollouts alive (math_verify's parse cache
-    kept tracebacks whose frames held the trainer's batch): each step's record still goes
-    back to the engine's memory after the update, and the next step records into it."""
+    kept tracebacks whose frames held the trainer's batch): each step's record is stale once
+    the update has changed the weights, and the next step's recording frees it and records
+    into its memory."""
     monkeypatch.setattr(decoding, "RECORD_MIN_FLOPS_PER_BYTE", 0.0)  # the tiny model too
     trainer = Trainer(tiny_config(tmp_path, "dr_grpo", "max_new_tokens=16"))
     held, memory = [], []
@@ -101,12 +102,12 @@ def test_a_step_releases_its_record_however_long_it_is_held(tmp_path, monkeypatc
 
     def holding(*args, **kwargs):
         held.append(generate(*args, **kwargs))
-        memory.append(held[-1].recorded.record.logits.data_ptr())
+        memory.append(held[-1].kept_rows.record.logits.data_ptr())
         return held[-1]
 
     trainer.engine.generate = holding
     for _ in range(3):
         trainer.train_step()
-    assert len(held) == 3 and not any(r.recorded.record.fresh(trainer.lm) for r in held)
-    assert trainer.engine.fast._record_memory._owner is None  # the last one released too
+    assert len(held) == 3 and all(r.kept_rows.record.stale() for r in held)
+    assert [r.kept_rows.record.model is None for r in held] == [True, True, False]  # freed
     assert len(set(memory)) == 1  # every step recorded into the first step's memory

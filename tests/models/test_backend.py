@@ -1,5 +1,6 @@
 """The seam between the algorithm and its speed-ups (postrl.models.backend): which backend is
-chosen, what PyTorch's own computes, and that without one the sampler records nothing."""
+chosen, what PyTorch's own computes, and that without one the sampler keeps nothing of its
+forward and the update reads nothing of it."""
 
 import importlib.util
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from postrl.errors import ConfigError
-from postrl.models import backend, ops
+from postrl.models import backend
 from postrl.models.vocab import logprob_and_entropy
 from postrl.rollout import HFRolloutEngine, SamplingParams
 
@@ -46,23 +47,14 @@ def test_first_use_chooses_the_default(restore_backend):
     assert backend.active().name == ("postrl.accel" if HAS_ACCEL else "torch")
 
 
-def test_a_known_linear_returns_its_value_and_the_linears_gradients():
-    """The sampler's recorded output stands in for the product; the backward is the plain
-    linear's, for the input, the weight and the bias."""
-    x = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(4, dtype=torch.float64, requires_grad=True)
-    output = torch.nn.functional.linear(x, weight, bias).detach() + 1e-9  # "recorded"
-    grad = torch.randn(5, 4, dtype=torch.float64)
-    known = ops.KnownLinear.apply(x, weight, bias, output)
-    assert torch.equal(known, output)
-    known.backward(grad)
-    got = [t.grad.clone() for t in (x, weight, bias)]
-    for t in (x, weight, bias):
-        t.grad = None
-    torch.nn.functional.linear(x, weight, bias).backward(grad)
-    for mine, theirs in zip(got, (x.grad, weight.grad, bias.grad), strict=True):
-        torch.testing.assert_close(mine, theirs)
+def test_pytorchs_backend_keeps_nothing_and_multiplies_every_linear(restore_backend):
+    chosen = backend.use("torch")
+    x, weights = torch.randn(5, 6), [torch.randn(4, 6), torch.randn(3, 6)]
+    outputs = chosen.linears(x, weights, [torch.randn(4), None])
+    torch.testing.assert_close(outputs[1], x @ weights[1].T)
+    assert chosen.kept_forward(torch.nn.Linear(2, 2), None) is None
+    assert chosen.kept(x, weights) is None
+    assert all(type(c).__name__ == "nullcontext" for c in chosen.recompute_contexts())
 
 
 def test_without_a_backend_the_sampler_is_transformers_and_records_nothing(tiny,
@@ -73,4 +65,4 @@ def test_without_a_backend_the_sampler_is_transformers_and_records_nothing(tiny,
     assert engine.fast is None
     ids = [tokenizer("What is 2 + 3?", add_special_tokens=False).input_ids]
     rollouts = engine.generate(ids, 2, SamplingParams(temperature=1.0, max_new_tokens=6), 0)
-    assert rollouts.recorded is None and rollouts.response_ids.shape[0] == 2
+    assert rollouts.kept_rows is None and rollouts.response_ids.shape[0] == 2
