@@ -202,7 +202,12 @@ def _mismatch_describe(r: Recipe) -> str:
 
 def _mismatch_source(r: Recipe) -> str:
     sources = []
-    if r.mismatch_weight != "none":
+    decoupled = (r.mismatch_weight == "token" and r.mismatch_mode == "mask"
+                 and r.mismatch_low == 0)
+    if decoupled:  # tests/objectives/test_mismatch.py checks it against AReaL's formula
+        sources.append("decoupled PPO's behaviour weight, capped by masking (AReaL, Fu et al. "
+                       "2025: behav_imp_weight_cap; Hilton et al. 2021)")
+    elif r.mismatch_weight != "none":
         sources.append("TIS, Yao et al. 2025 ('Your efficient RL framework secretly brings you "
                        "off-policy RL training')" if r.mismatch_mode == "truncate" else
                        "MIS / IcePop, Ling Team 2025; Liu, Li et al. 2025 ('When speed kills "
@@ -286,6 +291,27 @@ COMPONENTS: tuple[Component, ...] = (
     Component("mismatch correction", ("mismatch_weight", "mismatch_mode", "mismatch_cap",
                                       "mismatch_low", "mismatch_high", "mismatch_reject"),
               _mismatch_state, _mismatch_describe, _mismatch_source, _mismatch_formula),
+    Component("staleness", ("max_staleness",), lambda r: (r.max_staleness,),
+              lambda r: (f"up to {r.max_staleness} updates: step t trains on samples of the "
+                         f"weights after update max(0, t - {r.max_staleness})"
+                         if r.max_staleness else "none: every batch drawn by the weights it "
+                         "trains"),
+              lambda r: ("asynchronous RL with bounded staleness (AReaL, Fu et al. 2025, arXiv "
+                         "2505.24298: max_head_offpolicyness)" if r.max_staleness
+                         else "synchronous RL"),
+              lambda r: "batch t drawn by theta_{max(0, t - k)}: staleness min(t, k)"),
+    Component("old policy", ("old_policy",), lambda r: (r.old_policy,),
+              lambda r: ("proximal: the trainer's forward at the update's start"
+                         if r.old_policy == "proximal" else
+                         "behaviour: the sampler's own log-probs (no recomputation)"),
+              lambda r: ("decoupled PPO, Hilton et al. 2021 ('Batch size-invariance for "
+                         "policy optimization', arXiv 2110.00641); AReaL, Fu et al. 2025"
+                         if r.old_policy == "proximal" else
+                         "PPO, Schulman et al. 2017, with the sampler as pi_old (verl's "
+                         "bypass mode)"),
+              lambda r: ("z = pi / pi_prox, clipped around 1; the mismatch weight "
+                         "pi_prox / pi_behav multiplies it" if r.old_policy == "proximal" else
+                         "z = pi / pi_behav, clipped around 1")),
 )
 
 

@@ -150,6 +150,11 @@ class TrainConfig:
                              "scores 0 (zero), counted in reward/errors")
     reward_timeout_s: float | None = opt(60.0, "time limit of one reward function call on a "
                                          "batch, in seconds; null = none")
+    # stale samples drawn beside the trainer (the recipe's max_staleness; docs/scaling.md)
+    overlap_sampling: bool = opt(
+        False, "with the recipe's max_staleness > 0: draw the batches in a thread beside the "
+        "trainer, on its own copy of the weights, instead of at each step's start; the same "
+        "numbers either way (docs/scaling.md)")
     # scaling out (docs/scaling.md): Ray actors for rollouts, DDP workers for updates
     launcher: str = opt("local", "local (this process does everything) or ray (rollout "
                         "actors and trainer workers)")

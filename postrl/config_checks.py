@@ -217,3 +217,20 @@ def validate(cfg, where: dict[str, str]) -> None:
         fail("vllm_max_model_len", f"vllm_max_model_len={cfg.vllm_max_model_len} leaves no "
              f"room for a prompt and max_new_tokens={cfg.max_new_tokens}; raise it or set null")
     validate_scaling(cfg, fail)
+    _validate_overlap(cfg, recipe, fail)
+
+
+def _validate_overlap(cfg, recipe, fail) -> None:
+    """``overlap_sampling``: a sampler thread of this process, ahead of the trainer by the
+    recipe's ``max_staleness`` (``postrl/train/staleness.py``)."""
+    if not cfg.overlap_sampling:
+        return
+    if not recipe.max_staleness:
+        fail("overlap_sampling", "overlap_sampling=true needs the recipe's max_staleness >= 1: "
+             "with 0 every batch waits for the update before it, so nothing overlaps (set "
+             "recipe_options.max_staleness)")
+    if cfg.launcher != "local" or cfg.rollout_backend != "hf":
+        what = "launcher=ray" if cfg.launcher != "local" else "rollout_backend=vllm"
+        fail("overlap_sampling", f"overlap_sampling=true is not supported with {what} yet "
+             "(its sampler would need the weights published to it while it samples); the "
+             "same schedule runs in order with overlap_sampling=false")

@@ -46,6 +46,8 @@ TRAIN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reliability (docs/reliability.md)", ("save_every", "keep_last", "resume",
                                            "max_skipped_steps", "reward_errors",
                                            "reward_timeout_s")),
+    ("stale samples drawn beside the trainer (the recipe's max_staleness; docs/scaling.md)",
+     ("overlap_sampling",)),
     ("scaling out on Ray (docs/scaling.md)", ("launcher", "rollout_workers", "train_workers",
                                               "rollout_backend", "ray_address", "worker_cpus",
                                               "worker_gpus", "train_parallel", "weight_sync")),

@@ -33,6 +33,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "mismatch_weight": WEIGHT_UNITS,
     "mismatch_mode": WEIGHT_MODES,
     "dynamic_sampling_by": ("correctness", "reward"),
+    "old_policy": ("proximal", "behaviour"),
 }
 
 
@@ -162,6 +163,18 @@ class Recipe:
         "[1/b, b] (geometric rejection, Liu, Li et al. 2025; verl's rollout_rs=seq_mean_k1); "
         "null = off")
 
+    # off-policy samples (§10; postrl.train.staleness): how old they may be, and what the
+    # ratio is taken against
+    max_staleness: int = opt(
+        0, "k: step t trains on samples drawn by the weights after update max(0, t - k), so "
+        "the sampler may run k updates ahead of the trainer; 0 = synchronous (AReaL's "
+        "max_head_offpolicyness, Fu et al. 2025; prime-rl's max_off_policy_steps)")
+    old_policy: str = opt(
+        "proximal", "π_old of the ratio: proximal (the trainer's forward at the update's start; "
+        "with a mismatch correction π_old / π_sampler weighs each token: the decoupled PPO "
+        "objective, Hilton et al. 2021, as AReaL uses it) or behaviour (the sampler's own "
+        "log-probs, no recomputation: plain PPO on stale samples, verl's bypass mode)")
+
     def __post_init__(self) -> None:
         validate(self)
 
@@ -233,6 +246,14 @@ def validate(r: Recipe) -> None:
         value = getattr(r, key)
         if value not in options:
             raise ConfigError(f"recipe option {key}={value!r} is not one of {', '.join(options)}")
+    if r.max_staleness < 0:
+        raise ConfigError(f"max_staleness must be >= 0 updates, got {r.max_staleness}")
+    if r.old_policy == "behaviour" and (r.mismatch_weight != "none"
+                                        or r.mismatch_reject is not None):
+        raise ConfigError("old_policy='behaviour' takes the ratio against the sampler's own "
+                          "log-probs, so the mismatch correction (pi_old / pi_sampler) has "
+                          "nothing left to correct: set mismatch_weight=none and "
+                          "mismatch_reject=null, or old_policy=proximal")
     clips = ("clip_low", "clip_high", "seq_clip_low", "seq_clip_high")
     bad = ", ".join(f"{k}={getattr(r, k)}" for k in clips if getattr(r, k) < 0)
     if bad:

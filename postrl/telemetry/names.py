@@ -85,6 +85,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("mismatch/masked_frac", "fraction", "share of tokens whose weight was outside [mismatch_low, mismatch_high] and set to 0"),
     Metric("mismatch/rejected_frac", "fraction", "share of responses rejected whole by mismatch_reject"),
     Metric("mismatch/bounded_frac", "fraction", "share of responses whose product weight's log hit +-20 (under- or overflow)"),
+    # off-policy on purpose (recipe max_staleness > 0; postrl/train/staleness.py)
+    Metric("async/staleness_mean", "updates", "updates made between drawing this step's samples and training on them, mean over the samples"),
+    Metric("async/staleness_max", "updates", "the same, largest over the samples (at most max_staleness)"),
+    Metric("async/queue_wait_s", "s", "seconds this step's samples waited, drawn, before the trainer took them"),
+    Metric("async/sampler_idle_s", "s", "seconds the sampler thread waited for the weights that drew this step's samples (0 in order)"),
+    Metric("async/trainer_idle_s", "s", "seconds the trainer waited for this step's samples (0 in order, where it draws them itself)"),
     Metric("value/clip_frac", "fraction", "critic terms where the clipped value error was larger"),
     # held-out evaluation (at step 0, every eval_every steps and at the last step)
     Metric("eval/accuracy", "fraction", "greedy pass@1 on the first eval_n held-out problems"),

@@ -25,7 +25,7 @@ RESUMABLE_CHANGES = {"out", "resume", "overwrite", "steps", "token_budget", "qui
                      "log_samples", "save_rollouts_every", "threads", "reuse_freed_memory",
                      "torch_compile", "gradient_checkpointing", "reuse_sampler_forward",
                      "device", "vllm_gpu_memory_utilization", "vllm_enforce_eager",
-                     "vllm_kv_cache_gb"}
+                     "vllm_kv_cache_gb", "overlap_sampling"}
 
 
 def checkpoint_state(objects: RunObjects, state: RunState, cfg: TrainConfig) -> dict[str, Any]:
@@ -41,7 +41,9 @@ def checkpoint_state(objects: RunObjects, state: RunState, cfg: TrainConfig) -> 
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
                 "torch": torch.get_rng_state(),
                 "update_generator": objects.update_generator.get_state()},
-        "sampler": {"epoch": objects.sampler.epoch, "position": objects.sampler.position},
+        "sampler": dict(zip(("epoch", "position"), objects.queue.position or (
+            objects.sampler.epoch, objects.sampler.position), strict=True)),
+        "queue": objects.queue.saved(),
         "counters": state.counters(),
         "config": cfg.resolved(),
     }
@@ -60,6 +62,7 @@ def restore(objects: RunObjects, saved: dict[str, Any], where: str) -> RunState:
     torch.set_rng_state(saved["rng"]["torch"])
     objects.update_generator.set_state(saved["rng"]["update_generator"])
     objects.sampler.restore(saved["sampler"]["epoch"], saved["sampler"]["position"])
+    objects.queue.load(saved.get("queue", []))  # older checkpoints: none
     return RunState.from_counters(saved["counters"], where)
 
 

@@ -87,12 +87,14 @@ def unscored_rows_possible(recipe: Recipe, loss_cfg: PolicyLossConfig,
                            updates_per_batch: int) -> bool:
     """Whether a run's updates can leave rows out entirely (:func:`sampler_stands_in`), as
     far as its configuration tells: one update per batch, no reference, no critic, no KL or
-    entropy term in the loss (:func:`advantage_terms_only`), and groups without variance
-    reach the update (no dynamic sampling); on one process or several. The trainer asks the
+    entropy term in the loss (:func:`advantage_terms_only`), groups without variance
+    reach the update (no dynamic sampling), and the sampler ran the weights that train
+    (no ``max_staleness``, ``old_policy=proximal``); on one process or several. The trainer asks the
     sampler for its entropies only then (what recording them costs the generation:
     ``bench/unscored_rows_ab.py sampler``)."""
     return (advantage_terms_only(loss_cfg, recipe.critic) and updates_per_batch == 1
-            and not recipe.needs_reference and not recipe.dynamic_sampling)
+            and not recipe.needs_reference and not recipe.dynamic_sampling
+            and not recipe.max_staleness and recipe.old_policy == "proximal")
 
 
 def unscored_diagnostics(batch: TrainBatch, rows: Tensor, loss_cfg: PolicyLossConfig,

@@ -97,8 +97,10 @@ def records_forward(cfg: TrainConfig) -> bool:
     backend's sampling forward runs, in one chunk, where the backend agrees. With
     ``torch_compile`` too: layers reading a record run eagerly (faster than compiled ones,
     which stay for micro-batches without a record). Not with LoRA: the update runs peft's
-    layers, which read no record."""
-    return (cfg.reuse_sampler_forward and not cfg.lora.r and cfg.launcher == "local"
+    layers, which read no record. Not with stale samples (``max_staleness``): their sampler
+    ran older weights."""
+    return (cfg.reuse_sampler_forward and not cfg.build_recipe().max_staleness
+            and not cfg.lora.r and cfg.launcher == "local"
             and cfg.train_workers == 1
             and cfg.rollout_backend == "hf" and cfg.precision in ("fp32", "bf16-master")
             and cfg.sampling_precision == cfg.precision

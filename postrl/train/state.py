@@ -18,6 +18,7 @@ from torch import nn
 
 from postrl.errors import ConfigError
 from postrl.train.sampling import Collected, PromptSampler
+from postrl.train.staleness import Queue
 
 
 @dataclass
@@ -70,3 +71,4 @@ class RunObjects:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     update_generator: torch.Generator  # draws each update's minibatches
     sampler: PromptSampler  # the prompts' order
+    queue: Queue  # batches drawn for later steps (max_staleness > 0)

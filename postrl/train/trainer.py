@@ -24,21 +24,21 @@ from postrl.models.precision import (
 from postrl.process import configure_process
 from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.base import cat_right_padded
-from postrl.rollout.episodes import play_examples
-from postrl.tasks import load_task, task_prompt
+from postrl.tasks import load_task
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
 from postrl.telemetry.run_dir import check_out_path
 from postrl.telemetry.run_lock import RunLock
 from postrl.telemetry.trackers import check_sinks
 from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
 from postrl.train.distributed.weights import engine_weights
+from postrl.train.drawing import Drawer
 from postrl.train.evaluate import training_eval
 from postrl.train.grading import Grader
 from postrl.train.metrics import StepResult, sample_rows, step_metrics
 from postrl.train.micro_batches import micro_batches
 from postrl.train.phases import Phases
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
-from postrl.train.sampling import Group, PromptSampler, PromptTokens, collect
+from postrl.train.sampling import PromptSampler, PromptTokens
 from postrl.train.scorers import TokenScorer, ValueScorer
 from postrl.train.setup import (
     episode_limits,
@@ -50,6 +50,7 @@ from postrl.train.setup import (
     records_forward,
     seed_everything,
 )
+from postrl.train.staleness import InOrder, Overlapped, Queue, Schedule, async_metrics, sampler_copy
 from postrl.train.state import RunObjects, RunState
 from postrl.train.update import (
     Trainable,
@@ -126,8 +127,14 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, functools.partial(lr_factor, cfg))
         self.sampler = PromptSampler(self.task.train(), cfg.seed)
+        self.queue = Queue()  # what a checkpoint keeps of the batches drawn ahead
+        self.schedule: InOrder | Overlapped | None = None  # made when training starts
+        self.drawn_position = (0, 0)  # the prompt sampler's place after the last step's batch
         self.update_generator = torch.Generator().manual_seed(cfg.seed)
         self.prompt_ids = PromptTokens(self.tokenizer, self.lm, cfg.max_new_tokens)
+        # draw(step, engine): a step's samples (tests and bench scripts call it too)
+        self.draw = Drawer(cfg, self.recipe, self.task, self.tokenizer, self.sampler,
+                           self.prompt_ids, self.grader, self.sampling, self.episodes)
         self.phases = Phases(self._prepare, self._update)  # the seam for measuring: phases.py
         self.state = RunState()  # where the run stands (resumed: the checkpoint's)
         self.reward_errors = 0  # this step's
@@ -154,6 +161,9 @@ class Trainer:
         """Stop the workers and unlock the run directory. ``failed`` before the first step
         was logged puts back an earlier run that ``overwrite`` was replacing."""
         cluster, self.cluster = getattr(self, "cluster", None), None
+        schedule, self.schedule = getattr(self, "schedule", None), None
+        if schedule is not None:  # a failed run does not wait for the sampler's batch
+            schedule.close(wait=not failed)
         try:
             if cluster is not None:
                 cluster.close()
@@ -173,7 +183,7 @@ class Trainer:
     def objects(self) -> RunObjects:
         """The objects a checkpoint saves and resume loads (``postrl/train/state.py``)."""
         return RunObjects(self.lm, self.critic, self.optimizer, self.critic_optimizer,
-                          self.scheduler, self.update_generator, self.sampler)
+                          self.scheduler, self.update_generator, self.sampler, self.queue)
 
     def done(self) -> bool:
         budget = self.cfg.token_budget
@@ -220,12 +230,28 @@ class Trainer:
         self._save(final=True)
         return metrics
 
+    def _schedule(self) -> InOrder | Overlapped:
+        """Who draws each step's samples, and when (``staleness.py``): this thread at each
+        step's start, or with ``overlap_sampling`` a thread beside it, on its own copy of the
+        weights; a resumed run's queue first."""
+        schedule = Schedule(self.recipe.max_staleness, self.step, tuple(self.queue.batches),
+                            self.cfg.steps - 1)
+        if not self.cfg.overlap_sampling:
+            return InOrder(self.draw, self.engine, schedule)
+        model = sampler_copy(self.lm)
+        engine = HFRolloutEngine(model, self.tokenizer, batch_size=None,
+                                 precision=self.cfg.sampling_precision)
+        return Overlapped(self.draw, engine, model, schedule)
+
     def _save(self, final: bool = False) -> None:
-        """A checkpoint when one is due; with Ray workers, their optimizer state first."""
+        """A checkpoint when one is due, with the batches drawn for later steps; with Ray
+        workers, their optimizer state first."""
         every = self.cfg.save_every
         due = every and self.step > 0 and (final or self.step % every == 0)
         if due and self.cluster is not None:
             self.cluster.pull_optimizer_states(self.optimizer, self.critic_optimizer)
+        if due and self.schedule is not None:
+            self.queue.hold(self.schedule.queued(after=self.step - 1), self.drawn_position)
         maybe_save(self.objects(), self.state, self.cfg, self.run, final)
 
     def train_step(self) -> dict[str, float]:
@@ -233,10 +259,14 @@ class Trainer:
         started = time.perf_counter()
         if self.device.type == "cuda":  # memory/peak_gb is this step's
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.reward_errors = 0
-        collected = collect(lambda r: self._generate_round(r, timings), self.cfg.prompts_per_step,
-                            self.recipe.dynamic_sampling, self.recipe.max_sampling_rounds,
-                            self.recipe.dynamic_sampling_by)
+        if self.schedule is None:
+            self.schedule = self._schedule()
+        drawn = self.schedule.take(self.step)
+        waited = time.perf_counter() - started
+        self.reward_errors = drawn.reward_errors
+        self.drawn_position = drawn.sampler_position
+        timings.update(drawn.timings)  # the seconds that drew this step's own samples
+        collected = drawn.collected
         self.state.count_sampled(collected)
         groups = collected.groups
         batch = assemble(groups, self.recipe.overlong_filter) if groups else None
@@ -258,10 +288,14 @@ class Trainer:
                 warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
             self.scheduler.step()
         self.state.step += 1
+        self.schedule.publish(self.step, self.lm)  # the weights due to draw a later batch
         result = StepResult(collected, batch, update_metrics, timings,
                             time.perf_counter() - started)
         metrics = step_metrics(self.state, result, self.optimizer.param_groups[0]["lr"],
                                self.device, self.recipe.overlong_filter)
+        if self.recipe.max_staleness:
+            overlapped = isinstance(self.schedule, Overlapped)
+            metrics.update(async_metrics(drawn, waited if overlapped else 0.0, started + waited))
         metrics["guard/skipped_steps"] = self.state.skipped_steps
         metrics["reward/errors"] = self.reward_errors
         self.run.append_samples(self.step, sample_rows(collected, self.cfg.log_samples))
@@ -290,26 +324,6 @@ class Trainer:
         metrics = training_eval(self.lm, self.tokenizer, self.task, self.cfg)
         return {**metrics, "rollout/tokens_generated": self.state.tokens_generated}
 
-    def _generate_round(self, round_index: int, timings: dict[str, float]) -> list[Group]:
-        examples = self.sampler.take(self.cfg.prompts_per_step)
-        prompts = [task_prompt(self.tokenizer, self.task, e.question, self.cfg.system_prompt)
-                   for e in examples]
-        ids = [self.prompt_ids(e.id, p) for e, p in zip(examples, prompts, strict=True)]
-        stream = self.cfg.seed if self.cfg.sampling_seed is None else self.cfg.sampling_seed
-        seed = hash((stream, self.step, round_index)) % (2**31)
-        t = time.perf_counter()
-        if self.episodes is None:
-            rollouts = self.engine.generate(ids, self.cfg.group_size, self.sampling, seed)
-        else:
-            rollouts = play_examples(self.engine, self.tokenizer, self.task, examples, ids,
-                                     self.cfg.group_size, self.sampling, seed, self.episodes)
-        timings["generate"] += time.perf_counter() - t
-        t = time.perf_counter()
-        groups, errors = self.grader.groups(examples, prompts, rollouts)
-        self.reward_errors += errors
-        timings["score"] += time.perf_counter() - t
-        return groups
-
     def _prepare(self, batch: TrainBatch) -> None:
         """Old log-probs only when a batch gets more than one update or the KL is in the
         reward; reference log-probs only with a KL term; values only with a critic."""
@@ -325,6 +339,8 @@ class Trainer:
         stacked = {k: cat_right_padded([t.cpu() for t in v], width=width)
                    for k, v in parts.items() if v}
         batch.old_logp = stacked.get("old") if self.cfg.updates_per_batch > 1 else None
+        if self.recipe.old_policy == "behaviour":  # the sampler's log-probs are pi_old
+            batch.old_logp, batch.sampler_logp = batch.sampler_logp, None
         batch.ref_logp = stacked.get("ref")
         batch.old_values = stacked.get("values")
         batch.advantages, batch.returns = compute_advantages(
@@ -334,7 +350,9 @@ class Trainer:
                        kl_in_reward: bool) -> None:
         temperature, precision = self.cfg.temperature, self.cfg.precision
         device_type = self.device.type  # the update's device and precision: first ratios are 1
-        if self.cfg.updates_per_batch > 1 or kl_in_reward:  # as the update will score them
+        # scored as the update will; old_policy=behaviour takes the sampler's instead
+        proximal = self.recipe.old_policy == "proximal"
+        if (self.cfg.updates_per_batch > 1 and proximal) or kl_in_reward:
             with autocast(precision, device_type):
                 parts["old"].append(response_logprobs(self.scoring_lm, sequences,
                                                       temperature)[0])

@@ -142,10 +142,9 @@ def test_uneven_and_empty_shares_give_the_update_of_one_process(tmp_path, parall
                                                 f"train_parallel={parallel}")))
     local = Trainer(load_config(None, options(tmp_path / "local", "grpo", "steps=1")))
     try:
-        timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
         from postrl.train.batch import assemble
 
-        batch = assemble(local._generate_round(0, timings), overlong_filter=False)
+        batch = assemble(local.draw(0, local.engine).collected.groups, overlong_filter=False)
         local.phases.prepare(batch)
         plan = [torch.tensor([6]), torch.tensor([0, 3, 5]), torch.tensor([1, 2, 4, 7]),
                 torch.tensor([0, 1, 2, 3, 4])]

@@ -309,3 +309,21 @@ def test_compare_runs_two_recipes_on_a_multi_turn_environment_at_one_token_budge
         generated = [r["rollout/tokens_generated"] for r in rows]
         assert generated[-1] >= 60 > generated[-2]  # stopped by the budget of model tokens
         assert all(r["episode/env_tokens_mean"] > 0 for r in rows)
+
+
+def test_compare_runs_a_stale_arm_one_component_apart(tmp_path, capsys):
+    """Issue 62's must-show: ``compare grpo grpo:max_staleness=4`` runs both at one token
+    budget and names staleness as the one component between them."""
+    args = compare_args("grpo", "grpo:max_staleness=4", "--seeds", "2", "--token-budget", "300",
+                        "--out", str(tmp_path / "cmp"), *TINY)
+    assert run_compare(args) == 0
+    printed = capsys.readouterr().out
+    heading = next(line for line in printed.splitlines() if "paired by seed" in line)
+    assert heading == ("grpo+max_staleness=4 - grpo, paired by seed (differs in: staleness: "
+                       "up to 4 updates: step t trains on samples of the weights after update "
+                       "max(0, t - 4)):")
+    for seed in (0, 1):
+        stale = read_metrics(tmp_path / "cmp" / "grpo+max_staleness=4" / f"s{seed}" /
+                             "metrics.jsonl")
+        assert [r["async/staleness_max"] for r in stale][:5] == [0, 1, 2, 3, 4]
+        assert stale[-1]["rollout/tokens_generated"] >= 300

@@ -145,3 +145,43 @@ def test_diagnostics_of_micro_batches_merge_into_the_whole_batch():
 def test_impossible_corrections_are_refused_by_name(override, message):
     with pytest.raises(ConfigError, match=message):
         get_recipe("grpo").with_(**override)
+
+
+def areal_decoupled_loss(logp, proximal, behaviour, advantages, mask, eps_low, eps_high, cap):
+    """AReaL's decoupled PPO objective (inclusionAI/AReaL's ``ppo_actor_loss_fn`` with
+    ``use_decoupled_loss`` and ``behav_imp_weight_cap``, written out here from its formula):
+    the clipped surrogate of
+    pi / pi_prox, times pi_prox / pi_behav where that weight is at most ``cap`` and 0 where
+    it is above, summed over the valid tokens and divided by their count."""
+    ratio = torch.exp(logp - proximal)
+    surrogate = torch.max(-advantages * ratio,
+                          -advantages * ratio.clamp(1 - eps_low, 1 + eps_high))
+    weight = torch.exp(proximal - behaviour)
+    weight = torch.where((weight <= cap) & mask, weight, 0.0)
+    return torch.where(mask, surrogate * weight, 0.0).sum() / mask.sum()
+
+
+def test_decoupled_ppo_is_the_proximal_ratio_with_an_upper_mask_as_areal_computes_it():
+    """old_policy=proximal with mismatch_weight=token, mismatch_mode=mask, mismatch_low=0 and
+    mismatch_high=cap, under token_mean, is AReaL's decoupled objective: loss and gradient."""
+    torch.manual_seed(0)
+    mask = torch.rand(4, 7) < 0.8
+    behaviour = -torch.rand(4, 7, dtype=torch.float64) * 3
+    proximal = behaviour + torch.randn(4, 7, dtype=torch.float64) * 0.8  # stale samples
+    logp = (proximal + torch.randn(4, 7, dtype=torch.float64) * 0.3).requires_grad_()
+    advantages = torch.randn(4, dtype=torch.float64)
+    cap = 2.0
+    recipe = get_recipe("dapo").with_(mismatch_weight="token", mismatch_mode="mask",
+                                      mismatch_low=0.0, mismatch_high=cap)
+    cfg = recipe.policy_loss_config(7)
+    assert (cfg.aggregation, cfg.ratio, cfg.dual_clip) == ("token_mean", "token", None)
+    ours = policy_loss(PolicyLossInputs(logp, proximal, advantages, mask,
+                                        sampler_logp=behaviour), cfg, BatchCounts.of(mask)).loss
+    (grad_ours,) = torch.autograd.grad(ours, logp)
+    theirs = areal_decoupled_loss(logp, proximal, behaviour,
+                                  advantages[:, None].expand(4, 7), mask, cfg.clip_low,
+                                  cfg.clip_high, cap)
+    (grad_theirs,) = torch.autograd.grad(theirs, logp)
+    assert (torch.exp(proximal - behaviour)[mask] > cap).any()  # the mask did something
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(grad_ours, grad_theirs)

@@ -150,12 +150,9 @@ def test_ppo_critic_value_loss_falls_on_a_fixed_batch(tmp_path):
     # critic on the plain squared error
     trainer = Trainer(tiny_config(tmp_path, "ppo", "critic_lr=3e-3",
                                   "recipe_options.value_clip=null"))
-    timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
     from postrl.train.batch import assemble
-    from postrl.train.sampling import collect
 
-    collected = collect(lambda r: trainer._generate_round(r, timings), 2, False, 1)
-    batch = assemble(collected.groups, overlong_filter=False)
+    batch = assemble(trainer.draw(0, trainer.engine).collected.groups, overlong_filter=False)
     trainer.phases.prepare(batch)
     trainer.cfg.critic_warmup_steps = 100  # critic only: the batch stays fixed
     losses = [trainer.phases.update(batch)["loss/value"] for _ in range(15)]

@@ -77,8 +77,7 @@ def test_packed_prompt_groups_give_the_update_of_padded_rows_and_of_one_micro_ba
     (as under FSDP2), the whole batch at once and micro-batches cut by a token budget make
     the same optimizer step."""
     trainer = Trainer(tiny_config(tmp_path, "grpo", "prompts_per_step=3", "max_new_tokens=16"))
-    timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
-    batch = assemble(trainer._generate_round(0, timings), overlong_filter=False)
+    batch = assemble(trainer.draw(0, trainer.engine).collected.groups, overlong_filter=False)
     # the random tiny model never stops: cut its responses to lengths 0..16 (packing needs
     # short ones), one fully masked
     batch.lengths = torch.tensor([16, 3, 9, 1, 12, 16, 5, 7, 2, 14, 16, 10])
@@ -116,8 +115,7 @@ def test_packed_prompt_groups_give_the_update_of_padded_rows_and_of_one_micro_ba
 def _mixed_batch(trainer):
     """3 prompts x 4 samples of different lengths; the middle group's rewards all equal (no
     gradient), one row of the first group with no token left (as after overlong filtering)."""
-    timings = dict.fromkeys(("generate", "score", "reference", "train"), 0.0)
-    batch = assemble(trainer._generate_round(0, timings), overlong_filter=False)
+    batch = assemble(trainer.draw(0, trainer.engine).collected.groups, overlong_filter=False)
     batch.lengths = torch.tensor([16, 3, 9, 1, 12, 16, 5, 7, 2, 14, 16, 10])
     batch.response_mask = torch.arange(16)[None] < batch.lengths[:, None]
     batch.response_mask[3] = False

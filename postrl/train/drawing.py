@@ -1,0 +1,65 @@
+"""Drawing one step's samples: prompts -> rollouts -> rewards, in rounds (DAPO's dynamic
+sampling may take several), by whichever engine the schedule hands it (``staleness.py``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from postrl.config import TrainConfig
+from postrl.recipes import Recipe
+from postrl.rollout import SamplingParams
+from postrl.rollout.episodes import EpisodeLimits, play_examples
+from postrl.tasks import task_prompt
+from postrl.train.grading import Grader
+from postrl.train.sampling import Group, PromptSampler, PromptTokens, collect
+from postrl.train.staleness import Drawn, drawn_by
+
+
+@dataclass
+class Drawer:
+    """What a run draws its samples with. Calling it draws step ``step``'s samples with
+    ``engine`` as it is now: the prompt sampler's next prompts, and random streams that depend
+    on the step and the round alone, so the same step draws the same samples whichever thread
+    draws it and whenever."""
+
+    cfg: TrainConfig
+    recipe: Recipe
+    task: object
+    tokenizer: object
+    sampler: PromptSampler
+    prompt_ids: PromptTokens
+    grader: Grader
+    sampling: SamplingParams
+    episodes: EpisodeLimits | None  # None: single-turn
+
+    def __call__(self, step: int, engine) -> Drawn:
+        timings = {"generate": 0.0, "score": 0.0}
+        errors = [0]
+        collected = collect(lambda r: self._round(step, r, engine, timings, errors),
+                            self.cfg.prompts_per_step, self.recipe.dynamic_sampling,
+                            self.recipe.max_sampling_rounds, self.recipe.dynamic_sampling_by)
+        return Drawn(step, drawn_by(step, self.recipe.max_staleness), collected, errors[0],
+                     timings, (self.sampler.epoch, self.sampler.position))
+
+    def _round(self, step: int, round_index: int, engine, timings: dict[str, float],
+               errors: list[int]) -> list[Group]:
+        cfg = self.cfg
+        examples = self.sampler.take(cfg.prompts_per_step)
+        prompts = [task_prompt(self.tokenizer, self.task, e.question, cfg.system_prompt)
+                   for e in examples]
+        ids = [self.prompt_ids(e.id, p) for e, p in zip(examples, prompts, strict=True)]
+        stream = cfg.seed if cfg.sampling_seed is None else cfg.sampling_seed
+        seed = hash((stream, step, round_index)) % (2**31)
+        t = time.perf_counter()
+        if self.episodes is None:
+            rollouts = engine.generate(ids, cfg.group_size, self.sampling, seed)
+        else:
+            rollouts = play_examples(engine, self.tokenizer, self.task, examples, ids,
+                                     cfg.group_size, self.sampling, seed, self.episodes)
+        timings["generate"] += time.perf_counter() - t
+        t = time.perf_counter()
+        groups, round_errors = self.grader.groups(examples, prompts, rollouts)
+        errors[0] += round_errors
+        timings["score"] += time.perf_counter() - t
+        return groups
