@@ -9,9 +9,10 @@ moves (``analysis.py``). ``make findings-length`` (``-dynamic``, ``-offpolicy``)
     python examples/findings/findings_plan.py --out runs/findings --dry-run   # fairness only
 
 Every command runs with ``--resume``: runs that finished are kept, the others continue from
-their newest checkpoint, so an interrupted part picks up where it stopped. Once an experiment
-has finished, the checkpoints of its runs are deleted (each holds the model and the
-optimizer's moments) and ``OUT/<name>/findings.json`` records its command and wall time.
+their newest checkpoint, so an interrupted part picks up where it stopped. ``compare`` says
+what the part will hold on disk, refuses to start without that much free, and deletes each
+run's checkpoints once the run has finished (each holds the model and the optimizer's
+moments); ``OUT/<name>/findings.json`` records the command and wall time.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -133,12 +133,6 @@ def launch(argv: list[str]) -> int:
     return subprocess.call([sys.executable, "-m", "postrl.cli", *argv])
 
 
-def prune_checkpoints(root: Path) -> None:
-    """Delete the checkpoints of finished runs (their final policy is kept)."""
-    for final in root.glob("*/s*/final"):
-        shutil.rmtree(final.parent / "checkpoints", ignore_errors=True)
-
-
 def run_one(experiment: Experiment, out_root: Path, dry_run: bool = False,
             extra: Sequence[str] = ()) -> float:
     """Run (or continue) one experiment; record its command and wall time; return seconds.
@@ -155,7 +149,6 @@ def run_one(experiment: Experiment, out_root: Path, dry_run: bool = False,
         raise SystemExit(f"findings_plan: experiment {experiment.name} failed (exit {code}); "
                          "run the same command again to continue it")
     if not dry_run:
-        prune_checkpoints(out_root / experiment.name)
         record = {"experiment": experiment.name, "command": "postrl " + shlex.join(argv),
                   "wall_seconds": round(earlier + seconds, 1)}
         record_path.write_text(json.dumps(record, indent=2) + "\n")

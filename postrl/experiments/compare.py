@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import json
 import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from postrl.components import differing
 from postrl.config import TrainConfig, load_config
 from postrl.config_checks import validate
 from postrl.errors import ConfigError
+from postrl.experiments.disk import check_free_space, disk_plan
 from postrl.experiments.fairness import (
     check_fair,
     warn_indistinguishable,
@@ -228,12 +230,29 @@ def finals_of(planned: list[PlannedRun]) -> Finals:
     return finals
 
 
+COST_HEADERS = ("arm", "seed", "steps", "tokens generated", "of which wasted")
+COST_METRICS = ("step", "rollout/tokens_generated", "rollout/tokens_wasted")
+
+
+def cost_rows(planned: list[PlannedRun]) -> list[list[Any]]:
+    """Each run's optimizer steps and generated tokens, wasted ones included, as logged."""
+    rows = []
+    for run in planned:
+        records = read_metrics(run.config.run_dir() / "metrics.jsonl")
+        last = final_values(records, COST_METRICS)
+        rows.append([run.spec.label, run.seed, *(None if last[m] is None else int(last[m])
+                                                 for m in COST_METRICS)])
+    return rows
+
+
 def summarize(planned: list[PlannedRun], consecutive: bool = False) -> str:
     """Every seed's final values, then each pair of arms' paired differences with the
     components that differ between the two."""
     finals = finals_of(planned)
     headers, rows = seed_rows(finals, FINAL_METRICS)
-    parts = ["final values per seed:", format_table(headers, rows)]
+    parts = ["cost per run (the budget each spent; wasted: groups dynamic sampling dropped):",
+             format_table(COST_HEADERS, cost_rows(planned)),
+             "", "final values per seed:", format_table(headers, rows)]
     recipes = {recipe.name: recipe for recipe in labelled_recipes(planned)}
     paired = paired_rows(finals, FINAL_METRICS, consecutive)
     for first, second in arm_pairs(list(finals), consecutive):
@@ -263,6 +282,12 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
             run.config.resume = "auto"
     check_run_dirs_free(planned)
     print("\n".join(describe_plan(planned)))
+    to_train = [run.config for run in planned if run not in done]
+    if to_train:
+        needed, disk_line = disk_plan(to_train, args.keep_checkpoints)
+        print(disk_line)
+        if not args.dry_run:
+            check_free_space(out, needed, disk_line)
     recipes = labelled_recipes(planned)
     warnings = (warn_several_components(recipes, consecutive=args.command_name == "ladder")
                 + warn_indistinguishable(recipes, planned[0].config.updates_per_batch))
@@ -285,6 +310,8 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
         if run in done:
             continue
         Trainer(run.config).train()
+        if not args.keep_checkpoints:  # a finished run resumes from nothing: its final policy
+            shutil.rmtree(run.config.run_dir() / "checkpoints", ignore_errors=True)
         gc.collect()  # free the finished run's model, optimizer and reference before the next
     print(summarize(planned, consecutive=args.command_name == "ladder"))
     from postrl.experiments.report import write_report  # matplotlib: only when reporting
@@ -310,8 +337,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the runs that finished in --out and continue the others from "
                              "their newest checkpoint (set save_every); refuses runs made with "
                              "other options")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep each finished run's checkpoints (by default they are "
+                             "removed once it has saved its final policy: nothing resumes "
+                             "from them)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="check fairness and print the plan and warnings; train nothing")
+                        help="check fairness and print the plan, the disk it will use and "
+                             "the warnings; train nothing")
     parser.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                         help="TrainConfig options shared by every run")
     accept_intermixed(parser)

@@ -26,7 +26,8 @@ from postrl.train.trainer import Trainer  # noqa: E402
 from postrl.train.update import Trainable, UpdateSettings, run_updates  # noqa: E402
 
 REWARDS = Path(__file__).parents[1] / "train" / "rewards_for_tests.py"
-CLOCK = ("time/", "throughput/", "memory/")  # vary from run to run
+CLOCK = ("time/", "throughput/", "memory/", "async/queue_wait_s", "async/sampler_idle_s",
+         "async/trainer_idle_s")  # vary from run to run
 RAY = ["launcher=ray", "rollout_workers=2", "train_workers=2", "worker_cpus=0.5"]
 # float sums in another order (each worker arranges its own share into micro-batches): the
 # runs are not bit-identical; the largest parameter differences after 3 steps are those of
@@ -95,13 +96,15 @@ ONE_UPDATE = ("epochs=1", "minibatches=1", f"rewards=[{REWARDS}:parity_on_odd_an
 # multi-turn episodes: the driver's environments answer each turn the workers sample
 EPISODES = ("task=guess_number", "stop=[e]", "max_turns=3", "max_new_tokens=12",
             f"rewards=[environment, {REWARDS}:length_parity]")
+STALE = ("recipe_options.max_staleness=2",)  # the rollout actors draw two updates ahead
 
 
 @pytest.mark.parametrize("recipe, scaling", [("grpo", "ddp+broadcast"), ("ppo", "ddp"),
                                              ("grpo", "fsdp2"), ("dr_grpo", "ddp, one update"),
-                                             ("grpo", "ddp, episodes")])
+                                             ("grpo", "ddp, episodes"), ("grpo", "ddp, stale")])
 def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, scaling, grpo_on_ray):
-    both = {"ddp, one update": ONE_UPDATE, "ddp, episodes": EPISODES}.get(scaling, ())
+    both = {"ddp, one update": ONE_UPDATE, "ddp, episodes": EPISODES,
+            "ddp, stale": STALE}.get(scaling, ())
     single = Trainer(load_config(None, options(tmp_path / "single", recipe, *both)))
     single.train()
     if scaling == "ddp+broadcast":
@@ -113,6 +116,8 @@ def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, scal
         distributed.train()
         if both == EPISODES:
             assert any(r["episode/turns_mean"] > 1 for r in metrics(out))
+        if both == STALE:
+            assert [r["async/staleness_max"] for r in metrics(out)] == [0, 1, 2]
         if both == ONE_UPDATE:  # the path is taken (tests/train/test_update.py: which rows)
             assert records_entropies(distributed.cfg, distributed.recipe)
             assert any(r["batch/zero_variance_frac"] > 0 for r in metrics(out))

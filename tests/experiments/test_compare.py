@@ -272,7 +272,7 @@ def test_a_repeated_recipe_samples_its_own_responses_from_the_same_prompts(tmp_p
 def test_resume_keeps_finished_runs_and_continues_the_others(tmp_path, capsys):
     out = tmp_path / "cmp"
     argv = ["grpo", "dr_grpo", "--seeds", "1", "--token-budget", "40", "--out", str(out),
-            *TINY, "save_every=1"]
+            *TINY, "save_every=1", "--keep-checkpoints"]  # as a run killed before pruning
     assert run_compare(compare_args(*argv)) == 0
     finished_metrics = (out / "grpo" / "s0" / "metrics.jsonl").read_bytes()
     interrupted = out / "dr_grpo" / "s0"
@@ -327,3 +327,31 @@ def test_compare_runs_a_stale_arm_one_component_apart(tmp_path, capsys):
                              "metrics.jsonl")
         assert [r["async/staleness_max"] for r in stale][:5] == [0, 1, 2, 3, 4]
         assert stale[-1]["rollout/tokens_generated"] >= 300
+
+
+def test_compare_shows_each_runs_cost_says_its_disk_and_prunes_finished_runs(tmp_path, capsys):
+    """Issue 63's item 3: steps and tokens (wasted ones included) beside the results; the
+    disk the runs will hold, said first; a finished run's checkpoints removed (kept with
+    --keep-checkpoints), its final policy and logs kept."""
+    out = tmp_path / "cmp"
+    argv = ["grpo", "dapo", "--seeds", "1", "--token-budget", "80", "--out", str(out), *TINY,
+            "save_every=1", f"rewards=[{REWARDS}:parity_on_odd_answers]"]
+    assert run_compare(compare_args(*argv)) == 0
+    printed = capsys.readouterr().out
+    assert "disk: about " in printed and "removed once each run has finished" in printed
+    table = printed[printed.index("cost per run"):].splitlines()
+    assert table[1].split() == ["arm", "seed", "steps", "tokens", "generated", "of", "which",
+                                "wasted"]
+    for row in table[3:5]:
+        label, seed, steps, generated, wasted = row.split()
+        records = read_metrics(out / label / f"s{seed}" / "metrics.jsonl")
+        assert int(steps) == records[-1]["step"]
+        assert int(generated) == records[-1]["rollout/tokens_generated"] >= 80
+        assert int(wasted) == records[-1]["rollout/tokens_wasted"]
+        assert not (out / label / f"s{seed}" / "checkpoints").exists()
+        assert (out / label / f"s{seed}" / "final" / "config.json").is_file()
+    assert any(int(row.split()[4]) > 0 for row in table[3:5])  # dapo dropped groups
+    kept = tmp_path / "kept"
+    argv[argv.index(str(out))] = str(kept)
+    assert run_compare(compare_args(*argv, "--keep-checkpoints")) == 0
+    assert list((kept / "grpo" / "s0" / "checkpoints").glob("step_*"))

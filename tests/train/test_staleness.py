@@ -153,6 +153,24 @@ def test_several_updates_per_batch_and_a_correction_run_the_same_both_ways(tmp_p
     assert in_order[0]["mismatch/kl_k3"] < 1e-6 < in_order[2]["mismatch/kl_k3"]
 
 
+RUNS = {  # every recipe family, dynamic sampling and an environment, stale
+    "ppo": ("recipe=ppo", "critic_lr=1e-3"),
+    "dapo": ("recipe=dapo", f"rewards=[{REWARDS}:parity_on_odd_answers]",
+             "recipe_options.overlong_buffer=4"),
+    "environment": ("task=guess_number", "stop=[e]", "max_turns=3", "max_new_tokens=12",
+                    f"rewards=[environment, {REWARDS}:length_parity]"),
+}
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+def test_ppo_dynamic_sampling_and_environments_run_stale_the_same_both_ways(tmp_path, run):
+    extra = (*RUNS[run], "recipe_options.max_staleness=1", "steps=3")
+    in_order = train(tmp_path / "in_order", *extra)
+    assert train(tmp_path / "overlapped", *extra, "overlap_sampling=true") == in_order
+    assert weights_sha(tmp_path / "overlapped") == weights_sha(tmp_path / "in_order")
+    assert [r["async/staleness_max"] for r in in_order] == [0, 1, 1]
+
+
 @pytest.mark.parametrize("resumed_with", ["overlap_sampling=true", "overlap_sampling=false"])
 def test_a_run_killed_while_the_sampler_runs_ahead_resumes_to_the_same_run(tmp_path,
                                                                           resumed_with):
