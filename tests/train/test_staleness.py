@@ -153,7 +153,8 @@ def test_several_updates_per_batch_and_a_correction_run_the_same_both_ways(tmp_p
     assert in_order[0]["mismatch/kl_k3"] < 1e-6 < in_order[2]["mismatch/kl_k3"]
 
 
-RUNS = {  # every recipe family, dynamic sampling and an environment, stale
+RUNS = {  # every recipe family, dynamic sampling, an environment and bf16-master, stale
+    "bf16-master": ("precision=bf16-master",),  # the thread samples a bf16 copy of its own
     "ppo": ("recipe=ppo", "critic_lr=1e-3"),
     "dapo": ("recipe=dapo", f"rewards=[{REWARDS}:parity_on_odd_answers]",
              "recipe_options.overlong_buffer=4"),
