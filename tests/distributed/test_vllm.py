@@ -194,6 +194,49 @@ def test_a_resumed_run_s_engine_starts_from_the_checkpoint_and_follows(model_dir
 
 
 @needs_vllm
+@pytest.mark.parametrize("overlap", ["false", "true"], ids=["in-order", "thread"])
+def test_stale_batches_are_drawn_by_the_engine_with_the_scheduled_weights(model_dir, tmp_path,
+                                                                          overlap):
+    """max_staleness=2: batch t's sampled log-probs are those of the weights after update
+    max(0, t - 2), pushed to the engine by the update (in order) or by the sampler thread,
+    and not those of the weights it trains with."""
+    from postrl.models.logprobs import response_logprobs
+    from postrl.train.staleness import drawn_by
+
+    trainer = Trainer(config(model_dir, tmp_path / "run", "steps=5",
+                             "recipe_options.max_staleness=2", f"overlap_sampling={overlap}"))
+    versions = [{k: v.clone() for k, v in trainer.lm.state_dict().items()}]
+    batches = []
+    prepare = trainer.phases.prepare
+
+    def keep(batch):
+        batches.append(batch)
+        prepare(batch)
+
+    trainer.phases.prepare = keep
+    try:
+        for _ in range(5):
+            trainer.train_step()
+            versions.append({k: v.clone() for k, v in trainer.lm.state_dict().items()})
+        scorer, _ = load_policy(str(model_dir))
+        for step, batch in enumerate(batches):
+            sequences = batch.sequences(torch.arange(batch.rows), trainer.engine.pad_id)
+            mask = batch.response_mask[:, :sequences.input_ids.shape[1] - sequences.prompt_width]
+            sampled = batch.sampler_logp[:, :mask.shape[1]][mask]
+            gaps = {}
+            for version in {drawn_by(step, 2), step}:
+                scorer.load_state_dict(versions[version])
+                with torch.no_grad():
+                    ours = response_logprobs(scorer, sequences, 1.0)[0][mask]
+                gaps[version] = (ours - sampled).abs().mean().item()
+            assert gaps[drawn_by(step, 2)] < 1e-3, (step, gaps)
+            if step >= 1:  # the weights it trains with are not the ones that drew it
+                assert gaps[step] > 10 * gaps[drawn_by(step, 2)], (step, gaps)
+    finally:
+        trainer.close()
+
+
+@needs_vllm
 def test_lora_reaches_the_engine_merged(model_dir):
     from postrl.models.policy import apply_lora, causal_lm
 

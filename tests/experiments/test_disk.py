@@ -16,7 +16,6 @@ from postrl.experiments.disk import (
 )
 from postrl.models.loading import load_policy
 from postrl.train.trainer import Trainer
-
 from tests.experiments.test_compare import TINY
 
 

@@ -17,7 +17,15 @@ from postrl.config import load_config
 from postrl.errors import ConfigError
 from postrl.recipes import get_recipe
 from postrl.train.sampling import Collected
-from postrl.train.staleness import Drawn, InOrder, Overlapped, Queue, Schedule, drawn_by
+from postrl.train.staleness import (
+    Drawn,
+    InOrder,
+    Overlapped,
+    Queue,
+    Schedule,
+    drawn_by,
+    state_copy,
+)
 from postrl.train.trainer import Trainer
 
 HERE = Path(__file__).parent
@@ -87,7 +95,7 @@ def test_the_sampler_thread_draws_the_same_batches_with_the_weights_published_to
     draw = Recorder(lambda m: int(m.weight.item()))
     with torch.no_grad():
         model.weight.fill_(0)
-    schedule = Overlapped(draw, model, model, Schedule(k, last=7))
+    schedule = Overlapped(draw, model, Schedule(k, last=7), state_copy, model.load_state_dict)
     trained = torch.nn.Linear(1, 1, bias=False)
     for step in range(8):
         taken = schedule.take(step)
@@ -103,7 +111,7 @@ def test_the_sampler_thread_draws_the_same_batches_with_the_weights_published_to
 def test_the_queue_a_checkpoint_keeps_is_the_schedules_whatever_the_thread_has_done():
     k, model = 3, torch.nn.Linear(1, 1, bias=False)
     draw = Recorder(lambda m: 0)
-    schedule = Overlapped(draw, model, model, Schedule(k))
+    schedule = Overlapped(draw, model, Schedule(k), state_copy, model.load_state_dict)
     assert [d.step for d in schedule.queued(after=-1)] == [0, 1, 2]
     schedule.take(0)
     schedule.publish(1, model)  # the thread may now draw batch 4 as well
@@ -118,7 +126,7 @@ def test_a_failure_in_the_sampler_thread_is_raised_in_the_trainer():
     def broken(step, engine):
         raise RuntimeError("the sampler broke")
 
-    schedule = Overlapped(broken, None, None, Schedule(1, last=3))
+    schedule = Overlapped(broken, None, Schedule(1, last=3), state_copy, print)
     with pytest.raises(RuntimeError, match="the sampler broke"):
         schedule.take(0)
     schedule.close()
@@ -210,9 +218,9 @@ def test_refusals_name_the_option(tmp_path):
     with pytest.raises(ConfigError, match="overlap_sampling=true needs the recipe's "
                                           "max_staleness"):
         load_config(None, options(tmp_path / "a", "overlap_sampling=true"))
-    with pytest.raises(ConfigError, match="rollout_backend=vllm"):
-        load_config(None, options(tmp_path / "b", "overlap_sampling=true", "rollout_backend=vllm",
-                                  "recipe_options.max_staleness=1"))
+    with pytest.raises(ConfigError, match="not broadcast"):
+        load_config(None, options(tmp_path / "b", "overlap_sampling=true", "launcher=ray",
+                                  "weight_sync=broadcast", "recipe_options.max_staleness=1"))
     with pytest.raises(ConfigError, match="max_staleness must be >= 0"):
         get_recipe("grpo").with_(max_staleness=-1)
     with pytest.raises(ConfigError, match="nothing left to correct"):

@@ -42,20 +42,21 @@ class Cluster:
     driver_critic: torch.nn.Module | None
     owns_ray: bool  # started a local Ray instance (shut down on close)
     broadcast: bool = False  # weights reach the rollout actors by train rank 0's broadcast
+    push_rollouts: bool = True  # False: overlap_sampling's thread pushes them (staleness.py)
     placement_group: Any = None  # holds the actors' GPUs (worker_gpus > 0)
 
     def update(self, batch, settings: UpdateSettings, plan: list[torch.Tensor],
                lr: float) -> list[RoundResult]:
         """Train every worker on its share, then send the new weights to the rollout actors
-        (a broadcast from rank 0, or the object store) and into the driver's copy (for the
-        next step's forwards, evaluation, checkpoints)."""
+        (a broadcast from rank 0, or the object store; not with ``push_rollouts`` off) and
+        into the driver's copy (for the next step's forwards, evaluation, checkpoints)."""
         results = self.trainers.update(batch, settings, plan, lr)
         receiving = self.rollout.start_receiving() if self.broadcast else None
         reference, weights = self.trainers.weights()  # rank 0 broadcasts while it answers
-        if receiving is None:
-            self.rollout.load_weights(reference)
-        else:
+        if receiving is not None:
             self.rollout.finish_receiving(receiving)
+        elif self.push_rollouts:
+            self.rollout.load_weights(reference)
         load_trainable(self.driver_policy, weights)
         if self.driver_critic is not None:
             load_trainable(self.driver_critic, self.trainers.critic_weights())
@@ -195,7 +196,10 @@ def start_cluster(cfg: TrainConfig, start: RunObjects, pad_id: int | None) -> Cl
         labels = gather([a.device_name.remote() for a in actors], names, hint)  # all up
         if not cfg.quiet:
             print("\n".join(device_lines(names, labels)), file=sys.stderr, flush=True)
-        cluster.broadcast = open_weight_channel(cluster, cfg.weight_sync, hint)
+        if cfg.overlap_sampling:  # the sampler thread pushes each version it draws with
+            cluster.push_rollouts = False
+        else:
+            cluster.broadcast = open_weight_channel(cluster, cfg.weight_sync, hint)
         return cluster
     except BaseException:
         stop(actors, group, owns_ray)
