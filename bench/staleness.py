@@ -87,6 +87,8 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         for k, overlap, threads in ARMS:
+            if args.vllm and threads:  # vLLM's engine binds its own threads
+                continue
             result = run_arm(k, overlap, threads, args, Path(scratch) / "run")
             results.append(result)
             print(json.dumps(result), flush=True)

@@ -1,5 +1,6 @@
 """Drawing one step's samples: prompts -> rollouts -> rewards, in rounds (DAPO's dynamic
-sampling may take several), by whichever engine the schedule hands it (``staleness.py``)."""
+sampling may take several), by whichever engine the schedule hands it (``staleness.py``);
+and the engine ``overlap_sampling``'s thread draws with."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from dataclasses import dataclass
 
 from postrl.config import TrainConfig
 from postrl.recipes import Recipe
-from postrl.rollout import SamplingParams
+from postrl.rollout import HFRolloutEngine, SamplingParams
 from postrl.rollout.episodes import EpisodeLimits, play_examples
 from postrl.tasks import task_prompt
+from postrl.train.distributed.weights import engine_weights, trainable_state
 from postrl.train.grading import Grader
 from postrl.train.sampling import Group, PromptSampler, PromptTokens, collect
-from postrl.train.staleness import Drawn, drawn_by
+from postrl.train.staleness import Copy, Drawn, Load, drawn_by, sampler_copy, state_copy
 
 
 @dataclass
@@ -63,3 +65,17 @@ class Drawer:
         errors[0] += round_errors
         timings["score"] += time.perf_counter() - t
         return groups
+
+
+def thread_sampler(cfg: TrainConfig, cluster, engine, lm, tokenizer) -> tuple[object, Copy, Load]:
+    """What ``overlap_sampling``'s thread draws with, and how each version of the weights
+    reaches it (``staleness.Overlapped``): Ray's rollout actors (through the object store) or
+    vLLM (``engine``, its own copy), the thread pushing every version instead of the update;
+    else the lean sampler over a copy of the policy ``lm`` of its own."""
+    if cluster is not None:
+        return engine, trainable_state, cluster.rollout.load_weights
+    if cfg.rollout_backend == "vllm":
+        return engine, engine_weights, engine.load_weights
+    model = sampler_copy(lm)
+    return (HFRolloutEngine(model, tokenizer, batch_size=None, precision=cfg.sampling_precision),
+            state_copy, model.load_state_dict)

@@ -29,9 +29,10 @@ from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_s
 from postrl.telemetry.run_dir import check_out_path
 from postrl.telemetry.run_lock import RunLock
 from postrl.telemetry.trackers import check_sinks
+from postrl.train import staleness
 from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
-from postrl.train.distributed.weights import engine_weights, trainable_state
-from postrl.train.drawing import Drawer
+from postrl.train.distributed.weights import engine_weights
+from postrl.train.drawing import Drawer, thread_sampler
 from postrl.train.evaluate import training_eval
 from postrl.train.grading import Grader
 from postrl.train.metrics import StepResult, sample_rows, step_metrics
@@ -49,15 +50,6 @@ from postrl.train.setup import (
     records_entropies,
     records_forward,
     seed_everything,
-)
-from postrl.train.staleness import (
-    InOrder,
-    Overlapped,
-    Queue,
-    Schedule,
-    async_metrics,
-    sampler_copy,
-    state_copy,
 )
 from postrl.train.state import RunObjects, RunState
 from postrl.train.update import (
@@ -135,8 +127,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, functools.partial(lr_factor, cfg))
         self.sampler = PromptSampler(self.task.train(), cfg.seed)
-        self.queue = Queue()  # what a checkpoint keeps of the batches drawn ahead
-        self.schedule: InOrder | Overlapped | None = None  # made when training starts
+        self.queue = staleness.Queue()  # what a checkpoint keeps of the batches drawn ahead
+        self.schedule: staleness.InOrder | staleness.Overlapped | None = None  # made lazily
         self.drawn_position = (0, 0)  # the prompt sampler's place after the last step's batch
         self.update_generator = torch.Generator().manual_seed(cfg.seed)
         self.prompt_ids = PromptTokens(self.tokenizer, self.lm, cfg.max_new_tokens)
@@ -238,24 +230,17 @@ class Trainer:
         self._save(final=True)
         return metrics
 
-    def _schedule(self) -> InOrder | Overlapped:
+    def _schedule(self) -> staleness.InOrder | staleness.Overlapped:
         """Who draws each step's samples, and when (``staleness.py``): this thread at each
         step's start, or with ``overlap_sampling`` a thread beside it, on its own copy of the
         weights; a resumed run's queue first."""
-        schedule = Schedule(self.recipe.max_staleness, self.step, tuple(self.queue.batches),
-                            self.cfg.steps - 1)
+        schedule = staleness.Schedule(self.recipe.max_staleness, self.step,
+                                      tuple(self.queue.batches), self.cfg.steps - 1)
         if not self.cfg.overlap_sampling:
-            return InOrder(self.draw, self.engine, schedule)
-        if self.cluster is not None:  # the rollout actors: the thread pushes each version
-            return Overlapped(self.draw, self.engine, schedule, trainable_state,
-                              self.cluster.rollout.load_weights)
-        if self.cfg.rollout_backend == "vllm":  # its own copy: the thread pushes each version
-            return Overlapped(self.draw, self.engine, schedule, engine_weights,
-                              self.engine.load_weights)
-        model = sampler_copy(self.lm)
-        engine = HFRolloutEngine(model, self.tokenizer, batch_size=None,
-                                 precision=self.cfg.sampling_precision)
-        return Overlapped(self.draw, engine, schedule, state_copy, model.load_state_dict)
+            return staleness.InOrder(self.draw, self.engine, schedule)
+        engine, copy, load = thread_sampler(self.cfg, self.cluster, self.engine, self.lm,
+                                            self.tokenizer)
+        return staleness.Overlapped(self.draw, engine, schedule, copy, load)
 
     def _save(self, final: bool = False) -> None:
         """A checkpoint when one is due, with the batches drawn for later steps; with Ray
@@ -309,8 +294,8 @@ class Trainer:
         metrics = step_metrics(self.state, result, self.optimizer.param_groups[0]["lr"],
                                self.device, self.recipe.overlong_filter)
         if self.recipe.max_staleness:
-            overlapped = isinstance(self.schedule, Overlapped)
-            metrics.update(async_metrics(drawn, waited if overlapped else 0.0, started + waited))
+            idle = waited if isinstance(self.schedule, staleness.Overlapped) else 0.0
+            metrics.update(staleness.async_metrics(drawn, idle, started + waited))
         metrics["guard/skipped_steps"] = self.state.skipped_steps
         metrics["reward/errors"] = self.reward_errors
         self.run.append_samples(self.step, sample_rows(collected, self.cfg.log_samples))

@@ -27,6 +27,7 @@ from postrl.train.staleness import (
     state_copy,
 )
 from postrl.train.trainer import Trainer
+from tests.train.test_resume import options as resume_options
 
 HERE = Path(__file__).parent
 REWARDS = HERE / "rewards_for_tests.py"
@@ -35,10 +36,8 @@ CLOCK = ("time/", "throughput/", "memory/", "async/queue_wait_s", "async/sampler
 
 
 def options(out: Path, *extra: str) -> list[str]:
-    return ["recipe=grpo", "model=tiny", "task=arithmetic", "steps=5", "prompts_per_step=2",
-            "group_size=4", "max_new_tokens=8", f"out={out}", "lr=1e-3", "quiet=true",
-            "save_every=1", "keep_last=2", f"rewards=[{REWARDS}:length_parity]",
-            "micro_batch_size=3", "threads=1", *extra]
+    """test_resume's tiny run, for five steps (later options override earlier ones)."""
+    return resume_options(out, "grpo", "steps=5", *extra)
 
 
 def metrics_without_clock(run: Path) -> list[dict]:
