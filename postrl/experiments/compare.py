@@ -221,25 +221,25 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def finals_of(planned: list[PlannedRun]) -> Finals:
-    """Label -> seed -> each summary metric's last logged value."""
-    finals: Finals = {}
-    for run in planned:
-        records = read_metrics(run.config.run_dir() / "metrics.jsonl")
-        finals.setdefault(run.spec.label, {})[run.seed] = final_values(records, FINAL_METRICS)
-    return finals
-
-
 COST_HEADERS = ("arm", "seed", "steps", "tokens generated", "of which wasted")
 COST_METRICS = ("step", "rollout/tokens_generated", "rollout/tokens_wasted")
 
 
-def cost_rows(planned: list[PlannedRun]) -> list[list[Any]]:
+def finals_of(planned: list[PlannedRun]) -> Finals:
+    """Label -> seed -> each summary metric's and cost metric's last logged value."""
+    finals: Finals = {}
+    for run in planned:
+        records = read_metrics(run.config.run_dir() / "metrics.jsonl")
+        finals.setdefault(run.spec.label, {})[run.seed] = final_values(
+            records, FINAL_METRICS + COST_METRICS)
+    return finals
+
+
+def cost_rows(planned: list[PlannedRun], finals: Finals) -> list[list[Any]]:
     """Each run's optimizer steps and generated tokens, wasted ones included, as logged."""
     rows = []
     for run in planned:
-        records = read_metrics(run.config.run_dir() / "metrics.jsonl")
-        last = final_values(records, COST_METRICS)
+        last = finals[run.spec.label][run.seed]
         rows.append([run.spec.label, run.seed, *(None if last[m] is None else int(last[m])
                                                  for m in COST_METRICS)])
     return rows
@@ -251,7 +251,7 @@ def summarize(planned: list[PlannedRun], consecutive: bool = False) -> str:
     finals = finals_of(planned)
     headers, rows = seed_rows(finals, FINAL_METRICS)
     parts = ["cost per run (the budget each spent; wasted: groups dynamic sampling dropped):",
-             format_table(COST_HEADERS, cost_rows(planned)),
+             format_table(COST_HEADERS, cost_rows(planned, finals)),
              "", "final values per seed:", format_table(headers, rows)]
     recipes = {recipe.name: recipe for recipe in labelled_recipes(planned)}
     paired = paired_rows(finals, FINAL_METRICS, consecutive)

@@ -137,7 +137,6 @@ class Trainer:
                            self.prompt_ids, self.grader, self.sampling, self.episodes)
         self.phases = Phases(self._prepare, self._update)  # the seam for measuring: phases.py
         self.state = RunState()  # where the run stands (resumed: the checkpoint's)
-        self.reward_errors = 0  # this step's
 
     def _start_engines(self) -> None:
         """The bf16 working copy, and Ray's workers or vLLM, from the (resumed) weights."""
@@ -262,7 +261,6 @@ class Trainer:
             self.schedule = self._schedule()
         drawn = self.schedule.take(self.step)
         waited = time.perf_counter() - started
-        self.reward_errors = drawn.reward_errors
         self.drawn_position = drawn.sampler_position
         timings.update(drawn.timings)  # the seconds that drew this step's own samples
         collected = drawn.collected
@@ -297,7 +295,7 @@ class Trainer:
             idle = waited if isinstance(self.schedule, staleness.Overlapped) else 0.0
             metrics.update(staleness.async_metrics(drawn, idle, started + waited))
         metrics["guard/skipped_steps"] = self.state.skipped_steps
-        metrics["reward/errors"] = self.reward_errors
+        metrics["reward/errors"] = drawn.reward_errors
         self.run.append_samples(self.step, sample_rows(collected, self.cfg.log_samples))
         every = self.cfg.save_rollouts_every
         if batch is not None and every and self.step % every == 0:
