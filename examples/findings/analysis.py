@@ -43,12 +43,18 @@ def _eval(records: Records, metric: str) -> list[float]:
     return finite(r.get(metric) for r in records)
 
 
+def heldout_gain(records: Records) -> float | None:
+    """Held-out sampled pass@1 gain from step 0 to the end (total, not per step)."""
+    values = _eval(records, "eval/sampled_accuracy")
+    if len(values) < 2 or not steps(records) or records[0].get("step") != 0:
+        return None
+    return values[-1] - values[0]
+
+
 def heldout_gain_per_step(records: Records) -> float | None:
     """Held-out sampled pass@1 gain from step 0 to the end, per optimizer step (E2)."""
-    values, taken = _eval(records, "eval/sampled_accuracy"), len(steps(records))
-    if len(values) < 2 or not taken or records[0].get("step") != 0:
-        return None
-    return (values[-1] - values[0]) / taken
+    gain = heldout_gain(records)
+    return None if gain is None else gain / len(steps(records))
 
 
 def heldout_final(records: Records) -> float | None:
@@ -91,43 +97,51 @@ def wasted_share(records: Records) -> float | None:
 @dataclass(frozen=True)
 class Hypothesis:
     """``second`` differs from ``first`` in ``measure`` with sign ``expected`` (+1 higher,
-    -1 lower; 0 = no direction pre-registered, tested two-sided)."""
+    -1 lower; 0 = no direction). Only a primary hypothesis is tested in its direction: the plan
+    describes secondaries two-sided, whatever was expected of them. ``claim`` names the part of
+    the paper's claim the hypothesis speaks to, for the page's verdict table ("" = none)."""
 
     first: str
     second: str
     measure: Callable[[Records], float | None]
     expected: int
     primary: bool = False
+    claim: str = ""
 
     @property
     def alternative(self) -> str:
+        if not self.primary:
+            return "two-sided"
         return {1: "greater", -1: "less", 0: "two-sided"}[self.expected]
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """A hypothesis tested: each arm's per-seed values, the paired difference (one-sided in
-    the predicted direction), the two-sided one, and the verdict."""
+    """A hypothesis tested: each arm's per-seed values, the paired difference the verdict reads
+    (``tested``: one-sided in the predicted direction for a primary, two-sided for a
+    secondary), the two-sided one, and the verdict."""
 
     hypothesis: Hypothesis
     first: dict[int, float | None]
     second: dict[int, float | None]
-    directional: PairedDifference | None
+    tested: PairedDifference | None
     two_sided: PairedDifference | None
     verdict: str
 
 
 def test(hypothesis: Hypothesis, runs: Mapping[str, Mapping[int, Records]]) -> Outcome:
-    """Pair the two arms by seed and decide: "reproduced" needs the interval in the predicted
-    direction to exclude 0; "opposite" needs the two-sided interval to exclude 0 the other way;
-    anything else is "not resolved" with its minimum detectable effect."""
+    """Pair the two arms by seed and decide. A primary: "reproduced" needs the interval in the
+    predicted direction to exclude 0; "opposite" needs the two-sided interval to exclude 0 the
+    other way; anything else is "not resolved" with its minimum detectable effect. A
+    secondary is described: "differs" when its two-sided interval excludes 0."""
     first = {seed: hypothesis.measure(r) for seed, r in runs[hypothesis.first].items()}
     second = {seed: hypothesis.measure(r) for seed, r in runs[hypothesis.second].items()}
-    directional = paired_difference(first, second, hypothesis.alternative)
     two_sided = paired_difference(first, second)
-    if hypothesis.expected == 0:
-        said = _undirected_verdict(two_sided)
-    elif directional is not None and directional.excludes_zero:
+    if not hypothesis.primary or hypothesis.expected == 0:
+        return Outcome(hypothesis, first, second, two_sided, two_sided,
+                       _described(two_sided, hypothesis.expected))
+    directional = paired_difference(first, second, hypothesis.alternative)
+    if directional is not None and directional.excludes_zero:
         said = verdict(directional, hypothesis.expected)
     elif two_sided is not None and two_sided.excludes_zero:
         said = verdict(two_sided, hypothesis.expected)  # the interval says the opposite
@@ -136,11 +150,13 @@ def test(hypothesis: Hypothesis, runs: Mapping[str, Mapping[int, Records]]) -> O
     return Outcome(hypothesis, first, second, directional, two_sided, said)
 
 
-def _undirected_verdict(difference: PairedDifference | None) -> str:
-    if difference is not None and difference.excludes_zero:
-        return ("differs (" + ("higher" if difference.mean > 0 else "lower")
-                + "; the paired interval excludes 0; no direction was pre-registered)")
-    return verdict(difference, +1)  # "not resolved (...)"; the sign is not used there
+def _described(difference: PairedDifference | None, expected: int) -> str:
+    if difference is None or not difference.excludes_zero:
+        return verdict(difference, +1)  # "not resolved (...)"; the sign is not used there
+    said = "differs (" + ("higher" if difference.mean > 0 else "lower")
+    if expected:
+        said += "; " + ("higher" if expected > 0 else "lower") + " was expected"
+    return said + "; the two-sided interval excludes 0)"
 
 
 def describe(measure: Callable[..., Any]) -> str:

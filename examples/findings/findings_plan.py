@@ -12,7 +12,10 @@ Every command runs with ``--resume``: runs that finished are kept, the others co
 their newest checkpoint, so an interrupted part picks up where it stopped. ``compare`` says
 what the part will hold on disk, refuses to start without that much free, and deletes each
 run's checkpoints once the run has finished (each holds the model and the optimizer's
-moments); ``OUT/<name>/findings.json`` records the command and wall time.
+moments); ``OUT/<name>/findings.json`` records the command, the wall time and the commit that
+finished each run. A part that finishes copies what the page is made from (that record,
+comparison.json, and each run's config.yaml and metrics.jsonl: a few kB a run) into
+``examples/findings/results/<name>/``, which git keeps; ``write_report.py`` reads only those.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -39,7 +43,9 @@ from analysis import (
 )
 
 BASE = "examples/findings/reasoning.yaml"
+RESULTS = Path("examples/findings/results")  # what the page is generated from, kept in git
 RUN_RECORD = "findings.json"
+KEPT = ("config.yaml", "metrics.jsonl")  # of each run: all write_report.py reads
 BUDGET = 4_000  # generated tokens per run: about ten steps in this regime (plan.md)
 SEEDS = 5  # one-sided rank tests reach p = 1/32 with 5 pairs; two-sided ones only 1/16
 
@@ -67,12 +73,12 @@ class Experiment:
 
 
 def _hypotheses(experiment_arms: tuple[str, ...], *rows: tuple) -> tuple[Hypothesis, ...]:
-    """(first arm index, second arm index, measure, expected sign, primary) rows."""
+    """(first arm index, second arm index, measure, expected sign, primary[, claim]) rows."""
     from postrl.experiments.compare import parse_recipe_spec
 
     labels = [parse_recipe_spec(arm).label for arm in experiment_arms]
-    return tuple(Hypothesis(labels[a], labels[b], measure, sign, primary)
-                 for a, b, measure, sign, primary in rows)
+    return tuple(Hypothesis(labels[a], labels[b], measure, sign, primary, *claim)
+                 for a, b, measure, sign, primary, *claim in rows)
 
 
 LENGTH_ARMS = (GRPO, f"{GRPO},aggregation=seq_mean_token_sum_norm", f"{GRPO},adv_scale=none")
@@ -85,7 +91,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         token_budget=BUDGET,
         hypotheses=_hypotheses(
             LENGTH_ARMS,
-            (0, 1, incorrect_length_slope, -1, True),  # the constant normaliser: slower growth
+            (0, 1, incorrect_length_slope, -1, True,
+             "the constant normaliser slows the growth of incorrect responses"),
             (0, 2, incorrect_length_slope, 0, False),  # std scaling off: no length claim
             (0, 1, heldout_final, 0, False),
             (0, 2, heldout_final, 0, False),
@@ -94,8 +101,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         "dynamic", "E2 Dynamic sampling (DAPO §3.2)", DYNAMIC_ARMS, token_budget=BUDGET,
         hypotheses=_hypotheses(
             DYNAMIC_ARMS,
-            (0, 1, heldout_gain_per_step, +1, True),  # more learning per optimizer step
-            (0, 1, heldout_final, 0, False),  # at equal generated tokens: the cost side
+            (0, 1, heldout_gain_per_step, +1, True, "more held-out learning per optimizer step"),
+            (0, 1, heldout_final, 0, False, "held-out pass@1 at equal generated tokens"),
             (0, 1, steps_taken, -1, False),
             (0, 1, wasted_share, +1, False),
         )),
@@ -104,11 +111,13 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         OFFPOLICY_ARMS, token_budget=BUDGET, overrides=("minibatches=4",),
         hypotheses=_hypotheses(
             OFFPOLICY_ARMS,
-            (0, 1, mean_over_steps("clip/token_frac"), +1, True),  # GSPO clips more tokens
+            (0, 1, mean_over_steps("clip/token_frac"), +1, True,
+             "GSPO clips far more tokens than GRPO"),
             (0, 2, mean_over_steps("clip/token_frac"), 0, False),
             (0, 1, mean_over_steps("ratio/seq_std"), 0, False),
             (0, 2, mean_over_steps("ratio/seq_std"), 0, False),
-            (0, 1, grad_norm_spikiness, 0, False),
+            (0, 1, grad_norm_spikiness, 0, False,
+             "yet trains stably: GSPO's gradient-norm spikes against GRPO's"),
             (0, 2, grad_norm_spikiness, 0, False),
             (0, 1, heldout_final, 0, False),
             (0, 2, heldout_final, 0, False),
@@ -133,15 +142,52 @@ def launch(argv: list[str]) -> int:
     return subprocess.call([sys.executable, "-m", "postrl.cli", *argv])
 
 
+def run_names(experiment: Experiment) -> list[str]:
+    """``<arm label>/s<seed>`` of every run of ``experiment``, in compare's order."""
+    from postrl.experiments.compare import parse_recipe_spec
+
+    return [f"{parse_recipe_spec(arm).label}/s{seed}"
+            for arm in experiment.arms for seed in range(experiment.seeds)]
+
+
+def git_commit() -> str:
+    """The checkout's commit, "+changes" when its tracked code differs from it."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "postrl", "examples")
+    return commit + ("+changes" if changed else "")
+
+
+def keep(source: Path, target: Path, runs: Sequence[str]) -> None:
+    """Copy what write_report.py reads into ``target`` (kept in git): the part's
+    comparison.json and findings.json, and each run's config.yaml and metrics.jsonl. No
+    weights, checkpoints or samples."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("comparison.json", RUN_RECORD):
+        shutil.copyfile(source / name, target / name)
+    for run in runs:
+        (target / run).mkdir(parents=True, exist_ok=True)
+        for name in KEPT:
+            shutil.copyfile(source / run / name, target / run / name)
+
+
 def run_one(experiment: Experiment, out_root: Path, dry_run: bool = False,
-            extra: Sequence[str] = ()) -> float:
-    """Run (or continue) one experiment; record its command and wall time; return seconds.
+            extra: Sequence[str] = (), results: Path | None = None) -> float:
+    """Run (or continue) one experiment; record its command, wall time and the commit that
+    finished each run; copy its files to ``results`` (when given); return seconds.
 
     The wall time adds up over the sessions that ran parts of it."""
     argv = experiment.argv(out_root, extra) + (["--dry-run"] if dry_run else [])
     print("$ postrl " + shlex.join(argv), flush=True)
-    record_path = out_root / experiment.name / RUN_RECORD
-    earlier = json.loads(record_path.read_text())["wall_seconds"] if record_path.is_file() else 0
+    out = out_root / experiment.name
+    record_path = out / RUN_RECORD
+    earlier = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    runs = run_names(experiment)
+    pending = [run for run in runs if not (out / run / "final" / "config.json").is_file()]
+    commit = git_commit()
     started = time.perf_counter()
     code = launch(argv)
     seconds = time.perf_counter() - started
@@ -149,9 +195,13 @@ def run_one(experiment: Experiment, out_root: Path, dry_run: bool = False,
         raise SystemExit(f"findings_plan: experiment {experiment.name} failed (exit {code}); "
                          "run the same command again to continue it")
     if not dry_run:
-        record = {"experiment": experiment.name, "command": "postrl " + shlex.join(argv),
-                  "wall_seconds": round(earlier + seconds, 1)}
+        commits = {**earlier.get("commits", {}), **dict.fromkeys(pending, commit)}
+        record = {**earlier, "experiment": experiment.name, "command": "postrl " + shlex.join(argv),
+                  "wall_seconds": round(earlier.get("wall_seconds", 0) + seconds, 1),
+                  "commits": {run: commits[run] for run in runs if run in commits}}
         record_path.write_text(json.dumps(record, indent=2) + "\n")
+        if results is not None:
+            keep(out, results / experiment.name, runs)
     return seconds
 
 
@@ -161,12 +211,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="root of the experiments' directories (default runs/findings)")
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="run only this experiment (repeatable): " + ", ".join(BY_NAME))
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="where each finished part's configs and metrics are copied, for "
+                             f"write_report.py and for git (default {RESULTS})")
     parser.add_argument("--dry-run", action="store_true",
                         help="check each comparison's fairness and print its plan; train nothing")
     parser.add_argument("extra", nargs="*", metavar="key=value",
                         help="options for every run of every experiment (trials only)")
     args = parser.parse_args(argv)
-    total = sum(run_one(e, args.out, args.dry_run, args.extra) for e in select(args.only))
+    total = sum(run_one(e, args.out, args.dry_run, args.extra, args.results)
+                for e in select(args.only))
     print(f"findings: {total / 60:.1f} min this time", flush=True)
     return 0
 

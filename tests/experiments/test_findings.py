@@ -115,7 +115,7 @@ def test_verdicts_follow_the_preregistered_rule():
     lower = analysis.Hypothesis("a", "b", analysis.incorrect_length_slope, -1, True)
     outcome = analysis.test(lower, runs)
     assert outcome.verdict.startswith("reproduced (lower")
-    assert outcome.directional.alternative == "less" and outcome.directional.high < 0
+    assert outcome.tested.alternative == "less" and outcome.tested.high < 0
     higher = analysis.Hypothesis("a", "b", analysis.incorrect_length_slope, +1, True)
     assert analysis.test(higher, runs).verdict.startswith("opposite (lower")
     undirected = analysis.Hypothesis("a", "c", analysis.incorrect_length_slope, 0, False)
@@ -123,7 +123,37 @@ def test_verdicts_follow_the_preregistered_rule():
     unresolved = analysis.test(analysis.Hypothesis("a", "d", analysis.incorrect_length_slope,
                                                    -1, True), runs)
     assert unresolved.verdict == (
-        f"not resolved (minimum detectable effect {unresolved.directional.mde:.3g})")
+        f"not resolved (minimum detectable effect {unresolved.tested.mde:.3g})")
+
+
+def test_a_secondary_is_described_two_sided_whatever_was_expected():
+    fewer = {s: _records([10.0] * 3, [100, 200, 300]) for s in range(5)}
+    more = {s: _records([10.0] * (4 + s % 2), [100] * (4 + s % 2)) for s in range(5)}
+    runs = {"a": more, "b": fewer}
+    secondary = analysis.Hypothesis("a", "b", analysis.steps_taken, -1, False)
+    outcome = analysis.test(secondary, runs)
+    assert outcome.tested.alternative == "two-sided" and outcome.tested is outcome.two_sided
+    assert outcome.verdict == ("differs (lower; lower was expected; the two-sided interval "
+                               "excludes 0)")
+    assert "reproduced" not in outcome.verdict
+    primary = analysis.test(analysis.Hypothesis("a", "b", analysis.steps_taken, -1, True), runs)
+    assert primary.verdict.startswith("reproduced (lower")
+    assert primary.tested.alternative == "less"
+
+
+def test_per_step_note_separates_the_step_count_from_the_gain():
+    def run(steps, gain):
+        return _records([10.0] * steps, [100 * k for k in range(1, steps + 1)], (0.25, 0.25 + gain))
+
+    # The second arm gains exactly as much in total, in half the steps.
+    arms = {"a": {s: run(10, 0.1 + s / 100) for s in range(5)},
+            "b": {s: run(5, 0.1 + s / 100) for s in range(5)}}
+    text = "\n".join(write_report.per_step_note("a", "b", arms))
+    row = next(line for line in text.splitlines() if line.startswith("| 0 |"))
+    assert row == "| 0 | 10 | 5 | 0.1 | 0.1 | 0.01 | 0.01 |"  # observed = predicted
+    assert "no difference in total gain is resolved" in text
+    assert "predicted by the step counts alone 0.012" in text
+    assert "not pre-registered" in text
 
 
 # ---- the driver and the report on real runs ---------------------------------------------------
@@ -137,6 +167,33 @@ def test_driver_records_command_wall_time_and_prunes_checkpoints(runs_root):
         finals = list((runs_root / experiment.name).glob("*/s*/final"))
         assert len(finals) == 2 * len(experiment.arms)
         assert not any((f.parent / "checkpoints").exists() for f in finals)
+
+
+def test_driver_records_each_runs_commit_and_keeps_only_light_files(runs_root, tmp_path):
+    commit = findings_plan.git_commit()
+    assert commit.split("+")[0] != "unknown"
+    kept = tmp_path / "results"
+    for experiment in findings_plan.EXPERIMENTS:
+        small = replace(experiment, seeds=2)
+        record = json.loads((runs_root / experiment.name / "findings.json").read_text())
+        assert record["commits"] == dict.fromkeys(findings_plan.run_names(small), commit)
+        findings_plan.keep(runs_root / experiment.name, kept / experiment.name,
+                           findings_plan.run_names(small))
+    files = sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file())
+    assert {Path(f).name for f in files} == {"comparison.json", "findings.json", "config.yaml",
+                                             "metrics.jsonl"}
+    assert len(files) == 3 * 2 + 2 * 2 * (3 + 2 + 3)
+    assert sum(p.stat().st_size for p in kept.rglob("*") if p.is_file()) < 2_000_000
+    # The page written from the kept files alone equals the one written from the runs.
+    from_runs = write_report.write(runs_root, REPO / "examples/findings/plan.md",
+                                   tmp_path / "a" / "findings.md").read_text()
+    from_kept = write_report.write(kept, REPO / "examples/findings/plan.md",
+                                   tmp_path / "b" / "findings.md").read_text()
+    named = from_runs.replace(write_report.shown(runs_root), "ROOT")
+    # The recorded command names the runs' directory (--out); the rest is the same.
+    kept_named = from_kept.replace(write_report.shown(kept), "ROOT").replace(str(runs_root), "ROOT")
+    assert named == kept_named
+    assert "All 6 runs ran at commit" in from_kept
 
 
 def test_rerunning_a_finished_part_keeps_every_run(runs_root, monkeypatch, capsys):
@@ -164,6 +221,11 @@ def test_report_numbers_equal_the_metrics_files(runs_root, tmp_path):
     assert f"| {cell} |" in row
     assert (tmp_path / "docs" / "findings" / "length" / "report.md").is_file()
     assert "Not run yet" not in text
+    verdicts = text[text.index("### Verdicts"):]
+    assert "| E3 | GSPO clips far more tokens than GRPO | primary |" in verdicts
+    assert "| E3 | yet trains stably" in verdicts  # the stability claim, apart from clipping
+    assert verdicts.count("| primary |") == 3
+    assert "Reading the primary" in text  # E2's per-step artefact, beside its verdict
 
 
 def test_an_experiment_not_run_is_listed(tmp_path):
