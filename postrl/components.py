@@ -257,6 +257,14 @@ COMPONENTS: tuple[Component, ...] = (
     Component("KL", ("kl_placement", "kl_estimator", "kl_coef"), _kl_state, _kl_describe,
               _kl_source,
               lambda r: _KL_FORMULA[r.kl_estimator] if r.needs_reference else "no KL term"),
+    Component("distillation", ("distill_coef",), lambda r: (r.distill_coef,),
+              lambda r: (f"on-policy, reverse KL to the teacher per token in the advantage, "
+                         f"lambda={r.distill_coef}" if r.distill_coef else "off (no teacher)"),
+              lambda r: ("on-policy distillation: GKD, Agarwal et al. 2024 (on-policy data, "
+                         "reverse KL); Thinking Machines Lab 2025 (per-token advantage, "
+                         "discount 0)" if r.distill_coef else "none"),
+              lambda r: ("A[i,t] += -lambda * (log pi_old(y_t) - log pi_teacher(y_t))"
+                         if r.distill_coef else "no teacher term")),
     Component("entropy bonus", ("entropy_coef",), lambda r: (r.entropy_coef,),
               lambda r: f"coef={r.entropy_coef}" if r.entropy_coef else "off",
               lambda r: "entropy regularisation, Williams & Peng 1991; PPO eq. 9",

@@ -40,6 +40,21 @@ class LoraConfig:
 
 
 @dataclass
+class TeacherConfig:
+    """The teacher of on-policy distillation (the recipe's distill_coef; docs/algorithms.md
+    §11): a frozen model that scores the student's samples, given its own prompt."""
+
+    model: str | None = opt(None, "the teacher: a model as model= takes it (same tokenizer as "
+                            "the student), or self (the student's initial weights: context "
+                            "distillation); null = none")
+    system_prompt: str | None = opt(None, "the teacher's system message in place of the "
+                                    "student's; null = the student's")
+    task_options: dict[str, Any] = opt(
+        factory=dict, doc="task options that change the teacher's prompt only, over the "
+        "student's, e.g. teacher.task_options.demonstrations=2")
+
+
+@dataclass
 class TrainConfig:
     # what is trained, on what
     recipe: str = opt("grpo", "the preset whose components are trained: ppo, grpo, dr_grpo, "
@@ -57,6 +72,9 @@ class TrainConfig:
         factory=dict, doc="the task's own options, e.g. task_options.digits=2 for arithmetic; "
         "every task takes seed and test_fraction")
     system_prompt: str | None = opt(None, "a system message before every prompt; null = none")
+    teacher: TeacherConfig = opt(factory=TeacherConfig, doc="the teacher that on-policy "
+                                 "distillation scores the student's samples with (the "
+                                 "teacher.* options; recipe_options.distill_coef > 0)")
     rewards: list[Any] = opt(
         factory=list, doc="reward functions, summed: names, path/to/file.py:fn specs or "
         "{fn, weight} mappings; [] = the task's own")

@@ -218,6 +218,27 @@ def validate(cfg, where: dict[str, str]) -> None:
              f"room for a prompt and max_new_tokens={cfg.max_new_tokens}; raise it or set null")
     validate_scaling(cfg, fail)
     _validate_overlap(cfg, recipe, fail)
+    _validate_teacher(cfg, recipe, fail)
+
+
+def _validate_teacher(cfg, recipe, fail) -> None:
+    """On-policy distillation needs both halves: a teacher and a weight for its signal."""
+    teacher = cfg.teacher
+    if recipe.distill_coef > 0 and not teacher.model:
+        fail("teacher.model", f"recipe_options.distill_coef={recipe.distill_coef} distills from "
+             "a teacher, and none is set: set teacher.model (a model directory or name, or self "
+             "for the student's initial weights with the teacher's own prompt)")
+    if teacher.model and recipe.distill_coef <= 0:
+        fail("recipe_options.distill_coef", f"teacher.model={teacher.model!r} is set but the "
+             "recipe's distill_coef is 0, so the teacher would score nothing: set "
+             "recipe_options.distill_coef (e.g. 1.0), or remove teacher.model")
+    if not teacher.model and (teacher.system_prompt is not None or teacher.task_options):
+        fail("teacher.model", "teacher.system_prompt and teacher.task_options shape the "
+             "teacher's prompt, and no teacher.model is set")
+    if teacher.model == "self" and teacher.system_prompt is None and not teacher.task_options:
+        fail("teacher.model", "teacher.model=self with the student's own prompt is the student "
+             "at its start, a KL penalty rather than a teacher: give the teacher another prompt "
+             "(teacher.system_prompt or teacher.task_options), or use recipe_options.kl_coef")
 
 
 def _validate_overlap(cfg, recipe, fail) -> None:

@@ -32,6 +32,10 @@ def resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
         data["task_options"] = {**options, "test_path": _join(base, options["test_path"])}
     if isinstance(data.get("model"), str) and (base / data["model"]).exists():
         data["model"] = _join(base, data["model"])  # a hub-like id that is no folder stays
+    teacher = data.get("teacher")
+    if isinstance(teacher, dict) and isinstance(teacher.get("model"), str) and (
+            base / teacher["model"]).exists():
+        data["teacher"] = {**teacher, "model": _join(base, teacher["model"])}
     if isinstance(data.get("rewards"), list):
         data["rewards"] = [_reward(base, entry) for entry in data["rewards"]]
     return data

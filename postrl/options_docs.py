@@ -30,7 +30,7 @@ DOCS_PATH = Path(__file__).resolve().parents[1] / "docs" / "options.md"
 # to the same order); a field missing here is still printed, under UNGROUPED.
 TRAIN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("what is trained, on what", ("recipe", "recipe_options", "model", "lora", "task",
-                                  "task_options", "system_prompt", "rewards")),
+                                  "task_options", "system_prompt", "teacher", "rewards")),
     ("the schedule shared by every recipe of a comparison",
      ("prompts_per_step", "group_size", "temperature", "top_p", "top_k", "max_new_tokens",
       "max_turns", "env_reward_at", "stop", "steps", "token_budget", "lr", "lr_schedule",

@@ -118,6 +118,11 @@ class Recipe:
     entropy_coef: float = opt(
         0.0, "weight of the entropy bonus subtracted from each token's loss (Williams & Peng "
         "1991; PPO, Schulman et al. 2017 eq. 9)")
+    # on-policy distillation (§11)
+    distill_coef: float = opt(
+        0.0, "λ, the weight of the per-token reverse KL to the teacher (teacher.model) in each "
+        "token's advantage, -λ (log π_student - log π_teacher) on the student's own samples "
+        "(GKD, Agarwal et al. 2024; Thinking Machines 2025); 0 = no distillation and no teacher")
     # critic (§5)
     critic: bool = opt(False, "train a value head for advantage=gae (PPO, Schulman et al. "
                        "2017)")
@@ -278,10 +283,14 @@ def validate(r: Recipe) -> None:
     if r.ratio == "geometric" and r.advantage in ("gae", "reinforce_pp", "reinforce_pp_baseline"):
         raise ConfigError("ratio='geometric' needs one advantage per response, not per-token "
                           f"advantage={r.advantage!r}")
+    if r.ratio == "geometric" and r.distill_coef:
+        raise ConfigError("ratio='geometric' needs one advantage per response, and "
+                          "distill_coef > 0 gives each token its own")
     if r.kl_placement == "reward" and r.advantage not in TOKEN_REWARD_ADVANTAGES:
         raise ConfigError(f"kl_placement='reward' needs token rewards (advantage in "
                           f"{', '.join(TOKEN_REWARD_ADVANTAGES)}), not {r.advantage!r}")
-    for key in ("kl_coef", "entropy_coef", "vf_coef", "adv_eps", "overlong_penalty_factor"):
+    for key in ("kl_coef", "entropy_coef", "vf_coef", "adv_eps", "overlong_penalty_factor",
+                "distill_coef"):
         if getattr(r, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {getattr(r, key)}")
     for key in ("gamma", "lam"):

@@ -11,7 +11,7 @@ import pytest
 import postrl.options_docs as options_docs
 from postrl.cli import build_parser, main
 from postrl.components import COMPONENTS
-from postrl.config import LoraConfig, TrainConfig, load_config
+from postrl.config import LoraConfig, TeacherConfig, TrainConfig, load_config
 from postrl.options import help_of, opt
 from postrl.options_docs import (
     DOCS_PATH,
@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 def every_option_name() -> list[str]:
     names = [f.name for f in dataclasses.fields(TrainConfig)]
     names += [f"lora.{f.name}" for f in dataclasses.fields(LoraConfig)]
+    names += [f"teacher.{f.name}" for f in dataclasses.fields(TeacherConfig)]
     return names + [RECIPE_PREFIX + f.name for f in dataclasses.fields(Recipe)]
 
 
@@ -47,7 +48,7 @@ def run(capsys, *argv):
 
 def test_every_field_has_one_line_of_help():
     assert missing_help() == []
-    for cls in (TrainConfig, LoraConfig, Recipe):
+    for cls in (TrainConfig, LoraConfig, TeacherConfig, Recipe):
         for field in dataclasses.fields(cls):
             text = help_of(field)
             assert text.strip() and "\n" not in text, f"{cls.__name__}.{field.name}"

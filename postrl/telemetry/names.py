@@ -91,12 +91,17 @@ METRICS: tuple[Metric, ...] = (
     Metric("async/queue_wait_s", "s", "seconds this step's samples waited, drawn, before the trainer took them"),
     Metric("async/sampler_idle_s", "s", "seconds the sampler thread waited for the weights that drew this step's samples (0 in order)"),
     Metric("async/trainer_idle_s", "s", "seconds the trainer waited for this step's samples (0 in order, where it draws them itself)"),
+    # on-policy distillation (recipe distill_coef > 0; postrl/objectives/distill.py)
+    Metric("distill/reverse_kl", "nats", "k1 estimate of KL(student || teacher) per token on the student's samples: mean of log pi_old - log pi_teacher, the term each token's advantage gets -distill_coef times"),
+    Metric("distill/reverse_kl_k3", "nats", "k3 estimate of the same KL per token (never negative)"),
+    Metric("distill/teacher_ppl", "perplexity", "exp of the mean negative log-prob of the student's sampled tokens under the teacher, after its prompt"),
     Metric("value/clip_frac", "fraction", "critic terms where the clipped value error was larger"),
     # held-out evaluation (at step 0, every eval_every steps and at the last step)
     Metric("eval/accuracy", "fraction", "greedy pass@1 on the first eval_n held-out problems"),
     Metric("eval/mean_length", "tokens", "mean length of those greedy answers"),
     Metric("eval/sampled_accuracy", "fraction", "sampled pass@1 on those problems: the mean share of correct answers among eval_samples samples each (temperature 1)"),
     Metric("eval/truncated_frac", "fraction", "share of those sampled answers that hit max_new_tokens"),
+    Metric("eval/distill_reverse_kl", "nats", "with a teacher: KL(student || teacher) per token (k1) on one student sample of each of those problems, the same prompts and seeds at every evaluation"),
     # reliability guards
     Metric("guard/skipped_steps", "steps", "cumulative steps whose update was skipped: loss or gradient not finite"),
     Metric("reward/errors", "samples", "reward values replaced by 0 this step (reward_errors: zero)"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from postrl.objectives import advantages as adv
 from postrl.objectives import kl_penalty
 from postrl.recipes import Recipe
 from postrl.rollout.base import cat_right_padded
+from postrl.tasks import Example
 from postrl.train.sampling import Group
 
 
@@ -50,30 +52,47 @@ class TrainBatch:
     # env_reward_at=turn: [N, T] the part of ``rewards`` paid turn by turn, at each turn's
     # last model token (token-level advantages place the rest at the end)
     turn_rewards: Tensor | None = None
+    # on-policy distillation: each row's prompt as the teacher reads it, the teacher's
+    # log-prob of each response token, and log pi_old - log pi_teacher (0 off-mask)
+    teacher_prompt_ids: list[list[int]] | None = None
+    teacher_logp: Tensor | None = None
+    reverse_kl: Tensor | None = None
 
     @property
     def rows(self) -> int:
         return self.response_ids.shape[0]
 
-    def sequences(self, rows: Tensor, pad_id: int) -> SequenceBatch:
-        """The forward-pass input of some rows, trimmed to their longest response. The
-        environment's tokens of an episode are in the context (the model's later turns saw
-        them); which tokens are trained on is the response mask's business, not this."""
-        width = max(int(self.lengths[rows].max()), 1)
-        trained = self.response_mask[rows, :width]
-        context, scored = trained, None
-        if self.env_mask is not None:  # the whole episode, even a row filtered out of the loss
-            context = torch.arange(width) < self.lengths[rows].unsqueeze(1)
-            scored = trained
-        sequences = SequenceBatch.build([self.prompt_ids[i] for i in rows.tolist()],
-                                        self.response_ids[rows, :width], context, pad_id, scored)
-        if self.kept_rows is not None:
+    def sequences(self, rows: Tensor, pad_id: int,
+                  prompt_ids: list[list[int]] | None = None) -> SequenceBatch:
+        """The forward-pass input of some rows (:func:`response_sequences`); ``prompt_ids``
+        puts other prompts before the same responses (a teacher's)."""
+        prompts = self.prompt_ids if prompt_ids is None else prompt_ids
+        sequences = response_sequences([prompts[i] for i in rows.tolist()],
+                                       self.response_ids[rows], self.response_mask[rows],
+                                       self.lengths[rows], self.env_mask is not None, pad_id)
+        if self.kept_rows is not None and prompt_ids is None:  # the sampler's own prompts
             sequences.kept_rows = self.kept_rows.take(rows)
         return sequences
 
 
-def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
-    """Concatenate groups; with overlong filtering (DAPO §3.4) truncated rows get mask 0."""
+def response_sequences(prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor,
+                       lengths: Tensor, episodes: bool, pad_id: int) -> SequenceBatch:
+    """Rows as a forward pass reads them, trimmed to their longest response. The environment's
+    tokens of an episode are in the context (the model's later turns saw them); which tokens
+    are trained on is the response mask's business, not this."""
+    width = max(int(lengths.max()), 1)
+    trained = response_mask[:, :width]
+    context, scored = trained, None
+    if episodes:  # the whole episode, even a row filtered out of the loss
+        context = torch.arange(width) < lengths.unsqueeze(1)
+        scored = trained
+    return SequenceBatch.build(prompt_ids, response_ids[:, :width], context, pad_id, scored)
+
+
+def assemble(groups: list[Group], overlong_filter: bool,
+             teacher_prompt: Callable[[Example], list[int]] | None = None) -> TrainBatch:
+    """Concatenate groups; with overlong filtering (DAPO §3.4) truncated rows get mask 0.
+    ``teacher_prompt`` gives each example's prompt as a distillation teacher reads it."""
     def cat(name: str, fill) -> Tensor:
         return cat_right_padded([getattr(g.rollouts, name) for g in groups], fill)
 
@@ -98,6 +117,8 @@ def assemble(groups: list[Group], overlong_filter: bool) -> TrainBatch:
         env_mask=cat("env_mask", False) if episodes else None,
         turn_rewards=(cat_right_padded([g.turn_rewards for g in groups], 0.0)
                       if groups[0].turn_rewards is not None else None),
+        teacher_prompt_ids=(None if teacher_prompt is None else
+                            [teacher_prompt(g.example) for g in groups for _ in g.rewards]),
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from postrl.objectives.distill import distill_metrics
 from postrl.train.batch import TrainBatch
 from postrl.train.sampling import Collected
 from postrl.train.state import RunState
@@ -88,6 +89,8 @@ def step_metrics(state: RunState, result: StepResult, lr: float, device: torch.d
                                          if mask.any() else 0.0)
         if overlong_filter:
             metrics["batch/overlong_filtered"] = int(batch.truncated.sum())
+        if batch.reverse_kl is not None:
+            metrics.update(distill_metrics(batch.reverse_kl, batch.teacher_logp, mask))
     metrics.update(episode_metrics(collected))
     metrics.update(result.update)
     return metrics

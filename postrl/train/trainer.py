@@ -13,31 +13,27 @@ import torch
 from postrl.config import TrainConfig
 from postrl.devices import resolve_device
 from postrl.errors import PostRLError
-from postrl.models.logprobs import response_logprobs
 from postrl.models.policy import ReferencePolicy, ValueModel, causal_lm, save_policy
 from postrl.models.precision import (
     MasterWeights,
-    autocast,
-    float32_module_autocast,
     precision_warning,
 )
 from postrl.process import configure_process
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.rollout.base import cat_right_padded
 from postrl.tasks import load_task
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
 from postrl.telemetry.run_dir import check_out_path
 from postrl.telemetry.run_lock import RunLock
 from postrl.telemetry.trackers import check_sinks
 from postrl.train import staleness
-from postrl.train.batch import TrainBatch, assemble, compute_advantages, save_rollout_batch
+from postrl.train.batch import TrainBatch, assemble, save_rollout_batch
 from postrl.train.distributed.weights import engine_weights
 from postrl.train.drawing import Drawer, thread_sampler
 from postrl.train.evaluate import training_eval
 from postrl.train.grading import Grader
 from postrl.train.metrics import StepResult, sample_rows, step_metrics
-from postrl.train.micro_batches import micro_batches
 from postrl.train.phases import Phases
+from postrl.train.prepare import Scorers, prepare
 from postrl.train.resume import checkpoint_to_resume, maybe_save, resume
 from postrl.train.sampling import PromptSampler, PromptTokens
 from postrl.train.scorers import TokenScorer, ValueScorer
@@ -52,6 +48,7 @@ from postrl.train.setup import (
     seed_everything,
 )
 from postrl.train.state import RunObjects, RunState
+from postrl.train.teacher import Teacher, held_out_reverse_kl
 from postrl.train.update import (
     Trainable,
     UpdateSettings,
@@ -118,6 +115,8 @@ class Trainer:
         self.lm = causal_lm(model)
         self.reference = ReferencePolicy(model) if self.recipe.needs_reference else None
         self.critic = ValueModel(model) if self.recipe.critic else None
+        self.teacher = Teacher.for_run(cfg, model, self.tokenizer, self.task, self.reference,
+                                       self.device)
         self.episodes = episode_limits(cfg, self.lm, self.task)  # None: single-turn
         self.engine = HFRolloutEngine(self.lm, self.tokenizer, batch_size=None,
                                       precision=cfg.sampling_precision,
@@ -266,7 +265,8 @@ class Trainer:
         collected = drawn.collected
         self.state.count_sampled(collected)
         groups = collected.groups
-        batch = assemble(groups, self.recipe.overlong_filter) if groups else None
+        batch = (assemble(groups, self.recipe.overlong_filter,
+                          self.teacher.prompt_ids if self.teacher else None) if groups else None)
         update_metrics: dict[str, float] = {}
         if batch is not None:
             t = time.perf_counter()
@@ -320,45 +320,15 @@ class Trainer:
     def _evaluate(self) -> dict[str, float]:
         """Held-out metrics now, tagged with the tokens generated so far (equal cost)."""
         metrics = training_eval(self.lm, self.tokenizer, self.task, self.cfg)
+        if self.teacher is not None:
+            metrics.update(held_out_reverse_kl(self.lm, self.tokenizer, self.task, self.teacher,
+                                               self.cfg))
         return {**metrics, "rollout/tokens_generated": self.state.tokens_generated}
 
     def _prepare(self, batch: TrainBatch) -> None:
-        """Old log-probs only when a batch gets more than one update or the KL is in the
-        reward; reference log-probs only with a KL term; values only with a critic."""
-        rows = torch.arange(batch.rows)
-        kl_in_reward = self.recipe.needs_reference and self.recipe.kl_placement == "reward"
-        parts: dict[str, list[torch.Tensor]] = {"old": [], "ref": [], "values": []}
-        with torch.no_grad():  # constants of the update: no graph kept for the whole batch
-            for micro in micro_batches(rows, batch, self.cfg.micro_batch_size,
-                                       self.cfg.micro_batch_tokens):
-                self._prepare_micro(batch.sequences(micro, self.engine.pad_id).to(self.device),
-                                    parts, kl_in_reward)
-        width = batch.response_ids.shape[1]  # the batch stays on the CPU
-        stacked = {k: cat_right_padded([t.cpu() for t in v], width=width)
-                   for k, v in parts.items() if v}
-        batch.old_logp = stacked.get("old") if self.cfg.updates_per_batch > 1 else None
-        if self.recipe.old_policy == "behaviour":  # the sampler's log-probs are pi_old
-            batch.old_logp, batch.sampler_logp = batch.sampler_logp, None
-        batch.ref_logp = stacked.get("ref")
-        batch.old_values = stacked.get("values")
-        batch.advantages, batch.returns = compute_advantages(
-            self.recipe, batch, self.recipe.kl_coef if kl_in_reward else 0.0, stacked.get("old"))
-
-    def _prepare_micro(self, sequences, parts: dict[str, list[torch.Tensor]],
-                       kl_in_reward: bool) -> None:
-        temperature, precision = self.cfg.temperature, self.cfg.precision
-        device_type = self.device.type  # the update's device and precision: first ratios are 1
-        # scored as the update will; old_policy=behaviour takes the sampler's instead
-        proximal = self.recipe.old_policy == "proximal"
-        if (self.cfg.updates_per_batch > 1 and proximal) or kl_in_reward:
-            with autocast(precision, device_type):
-                parts["old"].append(response_logprobs(self.scoring_lm, sequences,
-                                                      temperature)[0])
-        with float32_module_autocast(precision, device_type):  # the reference and the critic
-            if self.reference is not None:
-                parts["ref"].append(self.reference.logprobs(sequences, temperature))
-            if self.critic is not None:
-                parts["values"].append(self.critic.values(sequences))
+        scorers = Scorers(self.scoring_lm, self.reference, self.critic, self.teacher,
+                          self.device, self.engine.pad_id)
+        prepare(batch, scorers, self.recipe, self.cfg)
 
     @property
     def scoring_lm(self):

@@ -302,17 +302,17 @@ def test_repeated_non_finite_steps_abort_with_a_clear_error(tmp_path):
 def test_the_update_constants_carry_no_autograd_graph(tmp_path, monkeypatch):
     """Old log-probs, reference log-probs, values, advantages and returns are constants of the
     update: a graph kept on them holds every micro-batch's activations until the step ends."""
-    import postrl.train.trainer as trainer_module
+    import postrl.train.prepare as prepare_module
 
     seen = []
-    real = trainer_module.compute_advantages
+    real = prepare_module.compute_advantages
 
     def recording(recipe, batch, kl_coef, old_logp):
         advantages, returns = real(recipe, batch, kl_coef, old_logp)
         seen.append([old_logp, batch.ref_logp, batch.old_values, advantages, returns])
         return advantages, returns
 
-    monkeypatch.setattr(trainer_module, "compute_advantages", recording)
+    monkeypatch.setattr(prepare_module, "compute_advantages", recording)
     Trainer(tiny_config(tmp_path, "ppo", "steps=1", "epochs=2",
                          "recipe_options.kl_coef=0.05")).train()
     (tensors,) = seen
