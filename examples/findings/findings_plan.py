@@ -84,6 +84,9 @@ def _hypotheses(experiment_arms: tuple[str, ...], *rows: tuple) -> tuple[Hypothe
 LENGTH_ARMS = (GRPO, f"{GRPO},aggregation=seq_mean_token_sum_norm", f"{GRPO},adv_scale=none")
 DYNAMIC_ARMS = ("dapo:dynamic_sampling=false", "dapo")
 OFFPOLICY_ARMS = (GRPO, "gspo", "dhpo")
+TIS = "mismatch_weight=token"  # pi_prox / pi_behav per token, truncated at mismatch_cap = 2
+STALENESS_ARMS = (GRPO, f"{GRPO},max_staleness=1", f"{GRPO},max_staleness=4",
+                  f"{GRPO},max_staleness=1,{TIS}", f"{GRPO},max_staleness=4,{TIS}")
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment(
@@ -121,6 +124,23 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             (0, 2, grad_norm_spikiness, 0, False),
             (0, 1, heldout_final, 0, False),
             (0, 2, heldout_final, 0, False),
+        )),
+    Experiment(
+        "staleness", "E4 Stale samples and an importance correction (AReaL; TIS)",
+        STALENESS_ARMS, token_budget=BUDGET, seeds=8,
+        hypotheses=_hypotheses(
+            STALENESS_ARMS,
+            (0, 2, heldout_final, -1, True,
+             "samples 4 updates stale cost held-out accuracy at equal generated tokens"),
+            (0, 1, heldout_final, 0, False),
+            (2, 4, heldout_final, 0, False,
+             "a per-token correction recovers part of it (k = 4)"),
+            (1, 3, heldout_final, 0, False),
+            (0, 1, mean_over_steps("mismatch/kl_k3"), 0, False),
+            (0, 2, mean_over_steps("mismatch/kl_k3"), 0, False),
+            (2, 4, mean_over_steps("mismatch/truncated_frac"), 0, False),
+            (0, 2, grad_norm_spikiness, 0, False),
+            (2, 4, grad_norm_spikiness, 0, False),
         )),
 )
 BY_NAME = {e.name: e for e in EXPERIMENTS}

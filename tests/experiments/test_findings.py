@@ -52,6 +52,9 @@ def test_arms_are_one_component_apart_and_fair(experiment, tmp_path, monkeypatch
     warnings = [line for line in printed.splitlines() if line.startswith("warning:")]
     if experiment.name == "offpolicy":  # a ratio unit brings the clip ranges of its branch
         assert all("2 components (ratio, clip)" in w for w in warnings), warnings
+    elif experiment.name == "staleness":  # a corrected arm is compared with its stale one
+        assert len(warnings) == 2, warnings
+        assert all("2 components (mismatch correction, staleness)" in w for w in warnings)
     else:
         assert warnings == []
     assert f"x {experiment.seeds} seeds" in printed and experiment.seeds >= 5
@@ -61,12 +64,26 @@ def test_arms_are_one_component_apart_and_fair(experiment, tmp_path, monkeypatch
     assert all(h.expected != 0 for h in experiment.hypotheses if h.primary)
 
 
+@pytest.mark.parametrize("experiment", findings_plan.EXPERIMENTS, ids=lambda e: e.name)
+def test_every_hypothesis_pairs_arms_one_component_apart(experiment, monkeypatch):
+    from postrl.components import differing
+    from postrl.experiments.compare import arm_recipe
+
+    monkeypatch.chdir(REPO)
+    recipes = {r.name: r for r in (arm_recipe(arm, "arm", findings_plan.BASE)
+                                   for arm in experiment.arms)}
+    allowed = (["ratio", "clip"],) if experiment.name == "offpolicy" else ()
+    for h in experiment.hypotheses:
+        changed = [c.title for c in differing(recipes[h.first], recipes[h.second])]
+        assert len(changed) == 1 or changed in allowed, (h.first, h.second, changed)
+
+
 def test_only_offpolicy_takes_several_updates_per_batch():
     base = load_config(REPO / findings_plan.BASE)
     assert base.updates_per_batch == 1
     updates = {e.name: load_config(REPO / findings_plan.BASE, list(e.overrides)).updates_per_batch
                for e in findings_plan.EXPERIMENTS}
-    assert updates == {"length": 1, "dynamic": 1, "offpolicy": 4}
+    assert updates == {"length": 1, "dynamic": 1, "offpolicy": 4, "staleness": 1}
 
 
 def test_evaluation_runs_at_the_start_and_the_end_only():
@@ -182,7 +199,8 @@ def test_driver_records_each_runs_commit_and_keeps_only_light_files(runs_root, t
     files = sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file())
     assert {Path(f).name for f in files} == {"comparison.json", "findings.json", "config.yaml",
                                              "metrics.jsonl"}
-    assert len(files) == 3 * 2 + 2 * 2 * (3 + 2 + 3)
+    experiments = findings_plan.EXPERIMENTS
+    assert len(files) == 2 * len(experiments) + 2 * 2 * sum(len(e.arms) for e in experiments)
     assert sum(p.stat().st_size for p in kept.rglob("*") if p.is_file()) < 2_000_000
     # The page written from the kept files alone equals the one written from the runs.
     from_runs = write_report.write(runs_root, REPO / "examples/findings/plan.md",
@@ -224,7 +242,7 @@ def test_report_numbers_equal_the_metrics_files(runs_root, tmp_path):
     verdicts = text[text.index("### Verdicts"):]
     assert "| E3 | GSPO clips far more tokens than GRPO | primary |" in verdicts
     assert "| E3 | yet trains stably" in verdicts  # the stability claim, apart from clipping
-    assert verdicts.count("| primary |") == 3
+    assert verdicts.count("| primary |") == len(findings_plan.EXPERIMENTS)
     assert "Reading the primary" in text  # E2's per-step artefact, beside its verdict
 
 
@@ -232,4 +250,5 @@ def test_an_experiment_not_run_is_listed(tmp_path):
     (tmp_path / "runs").mkdir()
     out = write_report.write(tmp_path / "runs", REPO / "examples" / "findings" / "plan.md",
                              tmp_path / "findings.md")
-    assert out.read_text().count("Not run yet: `make findings-") == 3
+    assert (out.read_text().count("Not run yet: `make findings-")
+            == len(findings_plan.EXPERIMENTS) == 4)
