@@ -252,3 +252,12 @@ def test_an_experiment_not_run_is_listed(tmp_path):
                              tmp_path / "findings.md")
     assert (out.read_text().count("Not run yet: `make findings-")
             == len(findings_plan.EXPERIMENTS) == 4)
+
+
+def test_the_page_in_git_regenerates_byte_for_byte(tmp_path):
+    """docs/findings.md is what write_report.py makes from the plan and the runs' files kept
+    in git alone (make findings-report): no number on it comes from elsewhere."""
+    out = write_report.write(REPO / "examples" / "findings" / "results",
+                             REPO / "examples" / "findings" / "plan.md", tmp_path / "findings.md")
+    assert out.read_text(encoding="utf-8") == (REPO / "docs" / "findings.md").read_text(
+        encoding="utf-8"), "docs/findings.md is stale: run make findings-report"
