@@ -46,9 +46,9 @@ class LeanDecoding:
         return LeanWeights.of(model, dtype, rows)
 
     def prefill(self, weights: LeanWeights, input_ids, attention, positions, group_size: int,
-                steps: int, record: RecordedForward | None):
+                steps: int, record: RecordedForward | None, past=None):
         decoder = LeanDecoder(weights, input_ids, attention, positions, group_size, steps,
-                              record=record)
+                              record=record, past=past)
         return decoder.first_logits, decoder
 
     def recorder(self, model, weights: LeanWeights, prompt_lengths: list[int],

@@ -33,6 +33,7 @@ from torch import Tensor
 from postrl.accel.lean_weights import LeanWeights
 from postrl.accel.native import NativeKernels
 from postrl.accel.recorded import RecordedForward
+from postrl.models.backend import Past
 from postrl.models.layers import architecture_reason, rotate
 
 
@@ -266,20 +267,29 @@ def _slots(record: RecordedForward | None, slots: slice):
 
 @torch.inference_mode()
 def prefill(w: LeanWeights, cache: KVCache, tokens: Tensor, positions: Tensor,
-            valid: Tensor, record: RecordedForward | None = None) -> Tensor:
+            valid: Tensor, record: RecordedForward | None = None, past: Past | None = None
+            ) -> Tensor:
     """Feed the left-padded prompts ``tokens [prompts, P]`` (at ``positions``; ``valid``
-    False on padding) into the cache's prompt columns; the logits after each prompt. With
-    ``record``, the linears' outputs and those logits are written into its prompt slots."""
+    False on padding) into the cache's prompt columns after ``past``'s (if given; ``valid``
+    covers them too); the logits after each prompt. With ``record``, the linears' outputs
+    and those logits are written into its prompt slots."""
     floor = torch.finfo(w.dtype).min  # not -inf: a padding query that sees only padding is
     cache.prompt_mask.copy_(torch.where(valid, 0.0, floor))  # harmless instead of NaN
     length = tokens.shape[1]
-    future = torch.ones((length, length), dtype=torch.bool).triu(1)
+    depth = valid.shape[1] - length  # the past's columns
+    future = torch.ones((length, depth + length), dtype=torch.bool).triu(1 + depth)
     mask = cache.prompt_mask[:, None, None, :].masked_fill(future, floor)
+    if past is not None:
+        cache.prompt_keys[:, :, :, :depth] = past.keys
+        cache.prompt_values[:, :, :, :depth] = past.values
 
     def attend(i: int, qkv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         queries, keys, values = _split_rotated(w, qkv, cos, sin)
-        cache.prompt_keys[i] = keys.transpose(1, 2)
-        cache.prompt_values[i] = values.transpose(1, 2)
+        cache.prompt_keys[i, :, :, depth:] = keys.transpose(1, 2)
+        cache.prompt_values[i, :, :, depth:] = values.transpose(1, 2)
+        if depth:  # every column: the past's and the new ones
+            keys = cache.prompt_keys[i].transpose(1, 2)
+            values = cache.prompt_values[i].transpose(1, 2)
         return _attend_prompt(queries, keys, values, mask)
 
     logits = _layers(w, tokens, positions, attend, _slots(record, slice(0, tokens.numel())))
@@ -349,12 +359,16 @@ class LeanDecoder:
 
     def __init__(self, weights: LeanWeights, input_ids: Tensor, attention: Tensor,
                  positions: Tensor, group_size: int, max_new_tokens: int,
-                 share_from: int | None = None, record: RecordedForward | None = None) -> None:
+                 share_from: int | None = None, record: RecordedForward | None = None,
+                 past: Past | None = None) -> None:
+        """``attention`` and ``positions`` cover ``past``'s columns too (if given) and then
+        ``input_ids``' (``postrl.rollout.kept_turns.prefill_inputs``)."""
         self.weights, self.record = weights, record
-        prompts, length = input_ids.shape
+        prompts, length = attention.shape
         self.rows = torch.arange(prompts * group_size)  # the call's row of each running row
         self.cache = KVCache(weights, prompts, length, group_size, max_new_tokens)
-        logits = prefill(weights, self.cache, input_ids, positions, attention.bool(), record)
+        logits = prefill(weights, self.cache, input_ids, positions[:, -input_ids.shape[1]:],
+                         attention.bool(), record, past)
         # the G samples of a prompt share its prefill and its columns of the cache
         self.first_logits = logits.repeat_interleave(group_size, dim=0)
         if share_from is None:
@@ -367,6 +381,18 @@ class LeanDecoder:
     def select(self, keep: Tensor) -> None:
         self.cache.select(keep)
         self.rows = self.rows[keep]
+
+    def kept(self, row: int, prompt: int, fed: int) -> tuple[Tensor, Tensor]:
+        """Running row ``row``'s keys and values of its ``prompt`` tokens and the ``fed``
+        response tokens after them, ``[layers, kv_heads, prompt + fed, dim]`` (copies)."""
+        cache, columns = self.cache, self.cache.prompt_mask.shape[1]
+        if not cache.shared:
+            return tuple(getattr(cache, name)[:, row, :, columns - prompt:columns + fed].clone()
+                         for name in ("keys", "values"))
+        shared = row // cache.width
+        return tuple(torch.cat((getattr(cache, f"prompt_{name}")[:, shared, :, columns - prompt:],
+                                getattr(cache, name)[:, row, :, :fed]), dim=2)
+                     for name in ("keys", "values"))
 
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
         slots = (None if self.record is None

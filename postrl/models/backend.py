@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -63,6 +64,16 @@ class KeptForward(Protocol):
         chunk of them per call, in that order."""
 
 
+@dataclass(frozen=True)
+class Past:
+    """Kept keys and values a prefill starts from (``postrl.rollout.kept_turns``),
+    ``[layers, rows, kv_heads, Q, dim]``, each row's right-aligned after zeros (padding that
+    the attention mask hides)."""
+
+    keys: Tensor
+    values: Tensor
+
+
 class Decoding(Protocol):
     """A backend's faster sampling forward for one model (see :meth:`Backend.decoding`)."""
 
@@ -72,9 +83,12 @@ class Decoding(Protocol):
         memory (transformers samples it instead)."""
 
     def prefill(self, weights, input_ids: Tensor, attention: Tensor, positions: Tensor,
-                group_size: int, steps: int, record) -> tuple[Tensor, object]:
-        """``(first logits, decoder)``: the decoder has ``step(tokens, positions)`` and
-        ``select(rows)``, as ``postrl.rollout.hf.TransformersDecoder``."""
+                group_size: int, steps: int, record, past: Past | None = None
+                ) -> tuple[Tensor, object]:
+        """``(first logits, decoder)``: the decoder has ``step(tokens, positions)``,
+        ``select(rows)`` and ``kept(row, prompt, fed)``, as
+        ``postrl.rollout.hf.TransformersDecoder``. ``past``: kept keys and values the prompts
+        continue (:class:`Past`; ``attention`` and ``positions`` cover its columns too)."""
 
     def recorder(self, model, weights, prompt_lengths: list[int], group_size: int,
                  max_new: int) -> object | None:

@@ -71,6 +71,9 @@ class Rollouts:
     kept_rows: KeptRows | None = None
     env_mask: Tensor | None = None  # bool [N, T]: environment tokens (multi-turn only)
     episodes: EpisodeStats | None = None  # per-episode turns, rewards, tools (multi-turn)
+    # [N] long: tokens the sampler fed through a prefill for each row, cached ones not counted
+    # (a prompt its G rows share counts at its first row); None where the engine cannot say
+    prefill_lengths: Tensor | None = None
 
     @property
     def generated_lengths(self) -> Tensor:
@@ -112,6 +115,10 @@ class RolloutEngine(Protocol):
         self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, seed: int
     ) -> Rollouts: ...
 
+    # An engine may also have ``keeping_turns()``: a context within which a call's prompt
+    # that extends a row of the call before prefills only its new tokens (the later turns of
+    # episodes; ``postrl.rollout.hf``). vLLM's prefix caching does so without being asked.
+
 
 def cat_right_padded(parts: list[Tensor], fill=0, width: int | None = None) -> Tensor:
     """Stack ``[n_i, T_i]`` row blocks into one ``[sum n_i, width]`` tensor, right-padding each
@@ -137,4 +144,6 @@ def select_rows(rollouts: Rollouts, start: int, stop: int) -> Rollouts:
         kept_rows=None if rollouts.kept_rows is None else rollouts.kept_rows.select(start, stop),
         env_mask=None if rollouts.env_mask is None else rollouts.env_mask[start:stop, :width],
         episodes=None if rollouts.episodes is None else rollouts.episodes.select(start, stop),
+        prefill_lengths=(None if rollouts.prefill_lengths is None
+                         else rollouts.prefill_lengths[start:stop]),
     )

@@ -13,13 +13,17 @@ is truncated, finish reason ``length``). An episode also ends when the environme
 or when its context would no longer fit the model's.
 
 The first turn samples the G episodes of each prompt together (their prompt is shared); later
-turns sample one continuation per running episode, each from its own context.
+turns sample one continuation per running episode, each from its own context. An engine that
+can keep its rows' keys and values from one call to the next (``keeping_turns``,
+``postrl.rollout.kept_turns``) does so for the episodes' turns: a later turn then prefills only
+the tokens after its context's kept part (the turn's last token, the reply, the next header).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -61,6 +65,7 @@ class _Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     env_seconds: float = 0.0
+    prefilled: int | None = 0  # tokens its turns fed through a prefill (None: not reported)
     finish: str | None = None  # set when the episode is over
     out_of_turns: bool = False
 
@@ -87,22 +92,25 @@ def run_episodes(engine: RolloutEngine, tokenizer, prompt_ids: list[list[int]],
     episodes = [_Episode(list(prompt_ids[i // group_size]), env)
                 for i, env in enumerate(environments)]
     reported = True  # whether the engine reports entropies (vLLM does not)
-    for turn in range(limits.max_turns):
-        running = [e for e in episodes if e.finish is None]
-        if not running:
-            break
-        budget = max(limits.max_tokens - e.generated for e in running)
-        turn_params = replace(params, max_new_tokens=budget)
-        turn_seed = (seed + 7919 * turn) % (2**31)
-        if turn == 0:  # every episode is running: the G of a prompt share its prefill
-            sampled = engine.generate(prompt_ids, group_size, turn_params, turn_seed)
-        else:
-            sampled = engine.generate([e.prompt + e.ids for e in running], 1, turn_params,
-                                      turn_seed)
-        reported = reported and sampled.entropies is not None
-        for row, episode in enumerate(running):
-            _take_turn(episode, sampled, row, tokenizer, limits,
-                       last=turn + 1 == limits.max_turns)
+    keeping = getattr(engine, "keeping_turns", None)
+    with keeping() if keeping is not None else nullcontext():
+        for turn in range(limits.max_turns):
+            running = [e for e in episodes if e.finish is None]
+            if not running:
+                break
+            budget = max(limits.max_tokens - e.generated for e in running)
+            turn_params = replace(params, max_new_tokens=budget)
+            turn_seed = (seed + 7919 * turn) % (2**31)
+            if turn == 0:  # every episode is running: the G of a prompt share its prefill
+                sampled = engine.generate(prompt_ids, group_size, turn_params, turn_seed)
+            else:
+                sampled = engine.generate([e.prompt + e.ids for e in running], 1, turn_params,
+                                          turn_seed)
+            reported = reported and sampled.entropies is not None
+            for row, episode in enumerate(running):
+                _count_prefill(episode, sampled, row)
+                _take_turn(episode, sampled, row, tokenizer, limits,
+                           last=turn + 1 == limits.max_turns)
     return _as_rollouts(episodes, group_size, tokenizer, reported)
 
 
@@ -124,6 +132,13 @@ def turn_reward_tensor(rollouts: Rollouts, weight: float) -> torch.Tensor:
         for position, reward in turns:
             placed[row, position] += weight * reward
     return placed
+
+
+def _count_prefill(episode: _Episode, sampled: Rollouts, row: int) -> None:
+    if episode.prefilled is not None and sampled.prefill_lengths is not None:
+        episode.prefilled += int(sampled.prefill_lengths[row])
+    else:
+        episode.prefilled = None
 
 
 def _take_turn(episode: _Episode, sampled: Rollouts, row: int, tokenizer,
@@ -195,4 +210,6 @@ def _as_rollouts(episodes: list[_Episode], group_size: int, tokenizer,
         finish_reasons=[e.finish or "eos" for e in episodes],
         texts=[tokenizer.decode(e.ids, skip_special_tokens=True) for e in episodes],
         group_size=group_size, entropies=entropies if entropies_reported else None,
-        env_mask=env, episodes=stats)
+        env_mask=env, episodes=stats,
+        prefill_lengths=(None if any(e.prefilled is None for e in episodes)
+                         else torch.tensor([e.prefilled for e in episodes], dtype=torch.long)))

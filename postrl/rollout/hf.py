@@ -21,6 +21,8 @@ bf16 from ``scoring_model``, ``bf16-master``'s working copy.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -28,9 +30,11 @@ from torch import nn
 from transformers import DynamicCache
 
 from postrl.models import backend
+from postrl.models.backend import Past
 from postrl.models.logprobs import cache_keyword
 from postrl.models.precision import bf16_copy, sampling_dtype
 from postrl.rollout.base import Rollouts, SamplingParams, cat_right_padded
+from postrl.rollout.kept_turns import KeptRow, TurnCache, prefill_inputs
 from postrl.rollout.sampling import next_tokens, row_generators
 
 COMPACT_FRACTION = 0.25  # drop finished rows once they are this share of the running batch
@@ -65,6 +69,19 @@ class HFRolloutEngine:
         self.eos_ids = torch.tensor(sorted(e for e in eos if e is not None), dtype=torch.long)
         self.cache_keyword = cache_keyword(model)
         self._copy = None  # the bf16 sampling copy, made on first use
+        self._turns: TurnCache | None = None  # within keeping_turns(): the last call's rows
+
+    @contextmanager
+    def keeping_turns(self) -> Iterator[None]:
+        """Within it, each call keeps the keys and values of its rows that end a turn (EOS
+        or a stop string), and the next call prefills a prompt that extends one of them
+        from there (``postrl.rollout.kept_turns``): an episode's later turns feed only what
+        is new. The weights must not change inside."""
+        self._turns = TurnCache()
+        try:
+            yield
+        finally:
+            self._turns = None
 
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams,
                  seed: int, first_prompt: int = 0) -> Rollouts:
@@ -76,13 +93,18 @@ class HFRolloutEngine:
         chunk = max((self.batch_size or len(rows)) // group_size, 1)  # prompts per chunk
         columns = max(map(len, prompts)) + params.max_new_tokens
         model = self._sampling_model(min(chunk * group_size, len(rows)), columns)
+        # a kept row continues one episode: only calls of one sample per prompt start from one
+        matched = [None] * len(prompts)
+        if self._turns is not None:
+            taken = self._turns.take(prompts)
+            matched = taken if group_size == 1 else matched
         record = (self.fast.recorder(self.scoring_model, model, [len(p) for p in prompts],
                                      group_size, params.max_new_tokens)
                   if self.record_forward and _is_snapshot(model) and chunk >= len(prompts)
-                  else None)
+                  and not any(matched) else None)
         parts = [self._generate_rows(model, prompts[i : i + chunk], group_size, params,
                                      generators[i * group_size : (i + chunk) * group_size],
-                                     record)
+                                     record, matched[i : i + chunk])
                  for i in range(0, len(prompts), chunk)]
         response_ids, mask, logprobs = (cat_right_padded([p[i] for p in parts], fill)
                                         for i, fill in enumerate((self.pad_id, False, 0.0)))
@@ -93,7 +115,8 @@ class HFRolloutEngine:
         texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
         return Rollouts(rows, response_ids, mask, logprobs, lengths, reasons, texts, group_size,
                         entropies,
-                        None if record is None else self.fast.kept_rows(record))
+                        None if record is None else self.fast.kept_rows(record),
+                        prefill_lengths=torch.cat([p[5] for p in parts]))
 
     @torch.no_grad()
     def _sampling_model(self, rows: int, columns: int):
@@ -115,22 +138,26 @@ class HFRolloutEngine:
         return self._copy
 
     @torch.inference_mode()
-    def _generate_rows(self, model, prompts, group_size, params, generators, record=None):
+    def _generate_rows(self, model, prompts, group_size, params, generators, record, matched):
         if _is_snapshot(model):
             return self._sample(partial(self.fast.prefill, record=record), model, prompts,
-                                group_size, params, generators)
+                                group_size, params, (generators, matched))
         was_training = model.training
         model.eval()
         try:
             return self._sample(self._prefill_transformers, model, prompts, group_size, params,
-                                generators)
+                                (generators, matched))
         finally:
             model.train(was_training)
 
-    def _prefill_transformers(self, model, input_ids, attention, positions, group_size, steps):
+    def _prefill_transformers(self, model, input_ids, attention, positions, group_size, steps,
+                              past: Past | None = None):
         cache = DynamicCache(config=model.config)
-        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                    use_cache=True, logits_to_keep=1, **{self.cache_keyword: cache})
+        for layer in range(0 if past is None else len(past.keys)):
+            cache.update(past.keys[layer], past.values[layer], layer)
+        out = model(input_ids=input_ids, attention_mask=attention,
+                    position_ids=positions[:, -input_ids.shape[1]:], use_cache=True,
+                    logits_to_keep=1, **{self.cache_keyword: cache})
         # the G samples of a prompt share its prefill: repeat the cache, not the computation
         cache.batch_repeat_interleave(group_size)
         logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)
@@ -138,13 +165,21 @@ class HFRolloutEngine:
         return logits, TransformersDecoder(model, cache, valid, self.cache_keyword)
 
     def _sample(self, prefill, model, prompts: list[list[int]], group_size: int,
-                params: SamplingParams, generators: list[torch.Generator]):
+                params: SamplingParams, streams: tuple[list[torch.Generator], list]):
+        """``streams``: each row's generator, and each prompt's kept row (or None)."""
+        generators, matched = streams
         device = model_device(model)  # the loop's tensors live with the weights (CPU or GPU)
-        input_ids, attention, positions = (t.to(device)
-                                           for t in left_padded(prompts, self.pad_id))
+        past, *inputs = prefill_inputs(prompts, matched, self.pad_id)
+        input_ids, attention, positions = (t.to(device) for t in inputs)
+        if past is not None:
+            past = Past(past.keys.to(device), past.values.to(device))
+        # tokens each prompt fed through the prefill, counted at its first row
+        prefilled = torch.zeros(len(prompts) * group_size, dtype=torch.long)
+        prefilled[::group_size] = attention[:, -input_ids.shape[1]:].sum(dim=1).cpu()
         eos_ids = self.eos_ids.to(device)
         steps = params.max_new_tokens
-        logits, decoder = prefill(model, input_ids, attention, positions, group_size, steps)
+        logits, decoder = prefill(model, input_ids, attention, positions, group_size, steps,
+                                  past=past)
         next_position = positions[:, -1].repeat_interleave(group_size, dim=0) + 1
         rows = len(next_position)
         tokens = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=device)
@@ -154,6 +189,15 @@ class HFRolloutEngine:
         reasons = ["length"] * rows
         running = torch.arange(rows, device=device)  # original row of each running row
         alive = torch.ones(rows, dtype=torch.bool, device=device)  # by running position
+
+        def keep_ended() -> None:  # the rows that ended a turn, before they leave the cache
+            for i in ([] if self._turns is None else (~alive).nonzero().flatten().tolist()):
+                row = int(running[i])
+                if reasons[row] != "length":
+                    prompt, fed = prompts[row // group_size], int(valid[row].sum()) - 1
+                    tokens_fed = tuple(prompt) + tuple(tokens[row, :fed].tolist())
+                    self._turns.keep(KeptRow(tokens_fed, *decoder.kept(i, len(prompt), fed)))
+
         for step in range(steps):
             token, logprob, entropy = next_tokens(
                 logits, params, [generators[r] for r in running.tolist()], self.entropies)
@@ -171,8 +215,10 @@ class HFRolloutEngine:
                 self._apply_stop_strings(tokens[running, : step + 1], alive, running, reasons,
                                          params.stop)
             if not alive.any() or step == steps - 1:
+                keep_ended()
                 break
             if (~alive).sum() >= COMPACT_FRACTION * len(alive):
+                keep_ended()
                 keep = alive.nonzero().flatten()
                 decoder.select(keep)
                 running, next_position, token = running[keep], next_position[keep], token[keep]
@@ -181,7 +227,7 @@ class HFRolloutEngine:
             next_position = next_position + 1
         width = max(int(valid.sum(dim=1).max()), 1)
         return (tokens[:, :width].cpu(), valid[:, :width].cpu(), logprobs[:, :width].cpu(),
-                entropies[:, :width].cpu(), reasons)
+                entropies[:, :width].cpu(), reasons, prefilled)
 
     def _apply_stop_strings(self, generated, alive, running, reasons, stop) -> None:
         """End (in place) every live row whose decoded text now contains a stop string."""
@@ -196,13 +242,7 @@ def left_padded(prompts: list[list[int]], pad_id: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(input_ids, attention, positions)`` ``[prompts, P]`` of prompts padded on the left,
     which keeps every prompt's last token in the last column."""
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        input_ids[i, width - len(prompt):] = torch.tensor(prompt)
-        attention[i, width - len(prompt):] = 1
-    return input_ids, attention, (attention.cumsum(dim=1) - 1).clamp(min=0)
+    return prefill_inputs(prompts, [None] * len(prompts), pad_id)[1:]
 
 
 def model_device(model) -> torch.device:
@@ -223,6 +263,15 @@ class TransformersDecoder:
 
     def __init__(self, model, cache, valid: torch.Tensor, cache_keyword: str) -> None:
         self.model, self.cache, self.valid, self.cache_keyword = model, cache, valid, cache_keyword
+        self.prompt_columns = valid.shape[1]
+
+    def kept(self, row: int, prompt: int, fed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Running row ``row``'s keys and values of its ``prompt`` tokens and the ``fed``
+        response tokens after them, ``[layers, kv_heads, prompt + fed, dim]``."""
+        start, stop = self.prompt_columns - prompt, self.prompt_columns + fed
+        return tuple(torch.stack([getattr(layer, name)[row, :, start:stop]
+                                  for layer in self.cache.layers])
+                     for name in ("keys", "values"))
 
     def select(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)

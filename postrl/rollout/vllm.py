@@ -233,7 +233,13 @@ class VLLMRolloutEngine:
                     stop=list(params.stop) or None, include_stop_str_in_output=True,
                     seed=sample_seed(seed, first_prompt + i, sample), logprobs=0))
         outputs = self.llm.generate(requests, settings, use_tqdm=False)
-        return self._rollouts(prompt_ids, group_size, [o.outputs[0] for o in outputs])
+        rollouts = self._rollouts(prompt_ids, group_size, [o.outputs[0] for o in outputs])
+        cached = [getattr(o, "num_cached_tokens", None) for o in outputs]
+        if all(c is not None for c in cached):  # what prefix caching did not serve
+            rollouts.prefill_lengths = torch.tensor(
+                [len(o.prompt_token_ids) - c for o, c in zip(outputs, cached, strict=True)],
+                dtype=torch.long)
+        return rollouts
 
     def _rollouts(self, prompt_ids, group_size: int, completions) -> Rollouts:
         ids = [torch.tensor(list(c.token_ids), dtype=torch.long).reshape(1, -1)

@@ -25,6 +25,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("rollout/tokens_wasted", "tokens", "cumulative tokens generated for groups dropped by dynamic sampling"),
     Metric("rollout/responses", "responses", "cumulative responses generated"),
     Metric("rollout/sampling_rounds", "rounds", "generation rounds this step (more than 1 with dynamic sampling)"),
+    Metric("rollout/prefill_tokens", "tokens", "prompt and context tokens the sampler fed through a prefill this step; cached ones (an episode's earlier turns, vLLM's prefix cache) not counted"),
     # rewards and answers
     Metric("reward/mean", "reward", "mean total reward of the responses trained on this step"),
     Metric("reward/std", "reward", "standard deviation of the total reward over those responses"),

@@ -78,6 +78,9 @@ def step_metrics(state: RunState, result: StepResult, lr: float, device: torch.d
         "throughput/tokens_per_s": collected.tokens_generated / max(step_seconds, 1e-9),
         "memory/peak_gb": peak_memory_gb(device),
     }
+    prefilled = [g.rollouts.prefill_lengths for g in collected.generated]
+    if prefilled and all(p is not None for p in prefilled):  # the engine counts them
+        metrics["rollout/prefill_tokens"] = int(sum(int(p.sum()) for p in prefilled))
     for name in kept[0].per_function if kept else ():
         values = [v for g in kept for v in g.per_function[name] if v is not None]
         metrics[f"reward/{name}/mean"] = _mean(values)

@@ -51,6 +51,8 @@ def cat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         group_size=parts[0].group_size,
         entropies=(None if any(p.entropies is None for p in parts)
                    else cat_right_padded([p.entropies for p in parts], 0.0)),
+        prefill_lengths=(None if any(p.prefill_lengths is None for p in parts)
+                         else torch.cat([p.prefill_lengths for p in parts])),
     )
 
 
