@@ -37,8 +37,11 @@ def accuracy(model, tokenizer, cfg, samples: int) -> dict[str, float]:
                             system_prompt=cfg.system_prompt, max_turns=cfg.max_turns,
                             stop=tuple(cfg.stop))
     result = evaluate(model, tokenizer, task, settings)
-    return {"greedy pass@1": result.pass_at_1_greedy, "sampled pass@1": result.pass_at_k[1],
-            f"pass@{samples}": result.pass_at_k[samples], "problems": result.n_problems}
+    scores = {"greedy pass@1": result.pass_at_1_greedy, "sampled pass@1": result.pass_at_k[1],
+              f"pass@{samples}": result.pass_at_k[samples], "problems": result.n_problems}
+    if result.called_sampled is not None:  # a task with tools: episodes with a call that ran
+        scores |= {"greedy call": result.called_greedy, "sampled call": result.called_sampled}
+    return scores
 
 
 def main(argv: list[str]) -> int:
@@ -68,10 +71,14 @@ def main(argv: list[str]) -> int:
 
     minutes = (time.perf_counter() - started) / 60
     print(f"\n{'held-out accuracy':<16}{'before':>9}{'after':>9}{'change':>10}")
-    for key in ("greedy pass@1", "sampled pass@1", f"pass@{args.samples}"):
+    keys = ["greedy pass@1", "sampled pass@1", f"pass@{args.samples}"]
+    keys += [key for key in ("greedy call", "sampled call") if key in before]
+    for key in keys:
         change = 100 * (after[key] - before[key])
         print(f"{key:<16}{before[key]:>9.1%}{after[key]:>9.1%}{change:>+9.1f}pt")
     tokens = trainer.state.tokens_generated
+    if "greedy call" in before:
+        print("(call: the share of episodes with a well-formed tool call, one that ran)")
     print(f"({before['problems']} problems; {tokens} training tokens generated; "
           f"{minutes:.1f} min in all; run in {cfg.run_dir()})")
     summary = {"before": before, "after": after, "minutes": minutes,

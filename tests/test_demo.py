@@ -32,6 +32,9 @@ def test_the_demo_evaluates_trains_and_evaluates_again(tmp_path, capsys, config)
         assert 0 <= scores["sampled pass@1"] <= scores["pass@2"] <= 1
     printed = capsys.readouterr().out
     assert "held-out accuracy" in printed and "pass@2" in printed
+    tools = config == "calculator.yaml"  # the one task with tools
+    assert ("greedy call" in printed) == tools
+    assert all(("sampled call" in summary[side]) == tools for side in ("before", "after"))
 
 
 def test_the_demo_refuses_one_sample(capsys):

@@ -21,7 +21,8 @@ import yaml
 from postrl.envs import is_environment_task
 from postrl.errors import ConfigError
 from postrl.rewards import Scorer
-from postrl.rollout import HFRolloutEngine, SamplingParams
+from postrl.rollout import HFRolloutEngine, Rollouts, SamplingParams
+from postrl.rollout.base import EpisodeStats
 from postrl.rollout.episodes import EpisodeLimits, play_examples
 from postrl.tasks import Example, Task, task_prompt
 
@@ -66,7 +67,9 @@ class EvalResult:
     correct / samples (equal to ``pass_at_k[1]`` when 1 is among the ks), None without sampling.
     ``truncated_greedy`` and ``truncated_sampled`` are the shares of completions that stopped at
     ``max_new_tokens`` without ending (an EOS or a stop string): a high share means the budget,
-    not the model, decided many answers.
+    not the model, decided many answers. ``called_greedy`` and ``called_sampled``, for a task
+    with tools, are the shares of episodes with at least one well-formed tool call (one that
+    ran: a known tool, readable arguments), None for other tasks.
     """
 
     task: str
@@ -83,6 +86,8 @@ class EvalResult:
     pass_at_1_sampled: float | None = None
     truncated_greedy: float = 0.0
     truncated_sampled: float | None = None
+    called_greedy: float | None = None  # a tool task's episodes with a call that ran
+    called_sampled: float | None = None
 
 
 def count_correct(
@@ -104,7 +109,7 @@ def count_correct(
 
 
 @dataclass(frozen=True)
-class _Sampler:
+class Sampler:
     """What every evaluation batch samples with: the engine, its tokenizer, and for an
     environment task that task and its episodes' limits (None: single-turn)."""
 
@@ -112,24 +117,52 @@ class _Sampler:
     tokenizer: Any
     episodes: tuple[Task, EpisodeLimits] | None
 
-    def generate(self, examples: list[Example], prompts: list[str], group_size: int,
-                 params: SamplingParams, seed: int,
-                 ) -> tuple[list[str], list[int], list[bool], dict[str, list]]:
-        """Texts, generated lengths, whether each stopped at ``max_new_tokens`` (finish reason
-        length), and the columns the rewards need besides the examples' (``env_reward``). For
-        an environment task every sample is a multi-turn episode."""
-        ids = [self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-               for prompt in prompts]
+    def prompt_ids(self, prompts: Sequence[str]) -> list[list[int]]:
+        return [self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+                for prompt in prompts]
+
+    def rollouts(self, examples: list[Example], ids: list[list[int]], group_size: int,
+                 params: SamplingParams, seed: int) -> Rollouts:
+        """``group_size`` samples of each example's prompt ``ids``: for an environment task,
+        each a multi-turn episode."""
         if self.episodes is None:
-            rollouts = self.engine.generate(ids, group_size, params, seed)
-        else:
-            task, limits = self.episodes
-            rollouts = play_examples(self.engine, self.tokenizer, task, examples, ids,
-                                     group_size, params, seed, limits)
-        truncated = [reason == "length" for reason in rollouts.finish_reasons]
-        extra = ({} if rollouts.episodes is None
-                 else {"env_reward": list(rollouts.episodes.rewards)})
-        return rollouts.texts, rollouts.generated_lengths.tolist(), truncated, extra
+            return self.engine.generate(ids, group_size, params, seed)
+        task, limits = self.episodes
+        return play_examples(self.engine, self.tokenizer, task, examples, ids, group_size,
+                             params, seed, limits)
+
+    def generate(self, examples: list[Example], prompts: list[str], group_size: int,
+                 params: SamplingParams, seed: int) -> Sampled:
+        """The samples' texts, generated lengths, finish reasons and episode statistics."""
+        rollouts = self.rollouts(examples, self.prompt_ids(prompts), group_size, params, seed)
+        return Sampled(rollouts.texts, rollouts.generated_lengths.tolist(),
+                       [reason == "length" for reason in rollouts.finish_reasons],
+                       rollouts.episodes)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One evaluation batch: texts, generated lengths, whether each stopped at
+    ``max_new_tokens`` (finish reason length), and an environment task's episode statistics
+    (None: single-turn)."""
+
+    texts: list[str]
+    lengths: list[int]
+    truncated: list[bool]
+    episodes: EpisodeStats | None
+
+    @property
+    def extra(self) -> dict[str, list]:
+        """The columns the rewards need besides the examples' (an episode's ``env_reward``)."""
+        return {} if self.episodes is None else {"env_reward": list(self.episodes.rewards)}
+
+    @property
+    def called(self) -> list[bool]:
+        """Per sample: whether it made a tool call that ran (none for single-turn ones)."""
+        if self.episodes is None:
+            return [False] * len(self.texts)
+        return [calls > errors for calls, errors in zip(self.episodes.tool_calls,
+                                                        self.episodes.tool_errors, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -165,28 +198,29 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
     verifier = task.default_rewards[0]
     episodes = ((task, EpisodeLimits.for_model(settings.max_turns, max_new_tokens, model))
                 if is_environment_task(task) else None)
-    sampler = _Sampler(HFRolloutEngine(model, tokenizer), tokenizer, episodes)
+    sampler = Sampler(HFRolloutEngine(model, tokenizer), tokenizer, episodes)
     stop = tuple(settings.stop)
     greedy_params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)
     sample_params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
                                    stop=stop)
     greedy, correct, lengths, sampled_lengths = [], [], [], []
-    truncated, sampled_truncated = [], []
+    truncated, sampled_truncated, called, sampled_called = [], [], [], []
     for index in range(0, len(examples), batch_prompts):
         chunk = examples[index : index + batch_prompts]
         prompts = [task_prompt(tokenizer, task, ex.question, settings.system_prompt)
                    for ex in chunk]
-        texts, chunk_lengths, cut, extra = sampler.generate(chunk, prompts, 1, greedy_params,
-                                                            seed)
-        greedy += count_correct(verifier, chunk, prompts, texts, 1, extra)
-        lengths += chunk_lengths
-        truncated += cut
+        out = sampler.generate(chunk, prompts, 1, greedy_params, seed)
+        greedy += count_correct(verifier, chunk, prompts, out.texts, 1, out.extra)
+        lengths += out.lengths
+        truncated += out.truncated
+        called += out.called
         if samples:
-            texts, chunk_lengths, cut, extra = sampler.generate(
-                chunk, prompts, samples, sample_params, seed + index)
-            correct += count_correct(verifier, chunk, prompts, texts, samples, extra)
-            sampled_lengths += chunk_lengths
-            sampled_truncated += cut
+            out = sampler.generate(chunk, prompts, samples, sample_params, seed + index)
+            correct += count_correct(verifier, chunk, prompts, out.texts, samples, out.extra)
+            sampled_lengths += out.lengths
+            sampled_truncated += out.truncated
+            sampled_called += out.called
+    tools = bool(getattr(task, "tools", ())) and episodes is not None
     return EvalResult(
         task=getattr(task, "name", type(task).__name__), model=model_name,
         n_problems=len(examples), samples_per_problem=samples, temperature=temperature,
@@ -201,6 +235,8 @@ def evaluate(model: Any, tokenizer: Any, task: Task, settings: EvalSettings,
         pass_at_1_sampled=_mean([c / samples for c in correct]) if samples else None,
         truncated_greedy=_mean(truncated),
         truncated_sampled=_mean(sampled_truncated) if samples else None,
+        called_greedy=_mean(called) if tools else None,
+        called_sampled=_mean(sampled_called) if tools and samples else None,
     )
 
 
@@ -313,6 +349,9 @@ def format_result(result: EvalResult) -> str:
     if result.pass_at_1_sampled is not None and 1 not in result.pass_at_k:
         rows.append((f"pass@1 (T={result.temperature:g}, {result.samples_per_problem} samples)",
                      f"{result.pass_at_1_sampled:.3f}"))
+    rows += [(f"episodes with a tool call that ran ({way})", f"{share:.1%}")
+             for way, share in (("greedy", result.called_greedy),
+                                ("sampled", result.called_sampled)) if share is not None]
     rows += [("mean length (greedy, tokens)", f"{result.mean_length:.1f}"),
              ("truncated at max_new_tokens (greedy)", f"{result.truncated_greedy:.1%}")]
     if result.mean_sampled_length is not None and result.truncated_sampled is not None:

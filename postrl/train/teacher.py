@@ -22,9 +22,10 @@ from postrl.models.logprobs import SequenceBatch, response_logprobs
 from postrl.models.policy import ReferencePolicy
 from postrl.objectives.distill import reverse_kl_tokens
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.rollout.episodes import EpisodeLimits, play_examples
+from postrl.rollout.episodes import EpisodeLimits
 from postrl.tasks import Example, load_task, task_prompt
 from postrl.train.batch import response_sequences
+from postrl.train.evaluate import Sampler
 from postrl.train.sampling import PromptTokens
 
 
@@ -87,23 +88,22 @@ def held_out_reverse_kl(student: Any, tokenizer: Any, task: Any, teacher: Teache
     temperature with the run's seed. The prompts and seeds are the same at every evaluation
     and in every run of a seed, so the numbers pair across steps and arms."""
     examples = list(task.test())[: cfg.eval_n]
-    engine = HFRolloutEngine(student, tokenizer)
     params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                             stop=tuple(cfg.stop))
     limits = (EpisodeLimits.for_model(cfg.max_turns, cfg.max_new_tokens, student)
               if is_environment_task(task) else None)
+    sampler = Sampler(HFRolloutEngine(student, tokenizer), tokenizer,
+                      None if limits is None else (task, limits))
     total, tokens = 0.0, 0
     for start in range(0, len(examples), batch_prompts):
         chunk = examples[start : start + batch_prompts]
-        ids = [tokenizer(task_prompt(tokenizer, task, e.question, cfg.system_prompt),
-                         add_special_tokens=False).input_ids for e in chunk]
-        rollouts = (engine.generate(ids, 1, params, cfg.seed + start) if limits is None else
-                    play_examples(engine, tokenizer, task, chunk, ids, 1, params,
-                                  cfg.seed + start, limits))
+        ids = sampler.prompt_ids([task_prompt(tokenizer, task, e.question, cfg.system_prompt)
+                                  for e in chunk])
+        rollouts = sampler.rollouts(chunk, ids, 1, params, cfg.seed + start)
         episodes = rollouts.env_mask is not None
         mine, theirs = (response_sequences(prompts, rollouts.response_ids,
                                            rollouts.response_mask, rollouts.lengths, episodes,
-                                           engine.pad_id).to(student.device)
+                                           sampler.engine.pad_id).to(student.device)
                         for prompts in (ids, [teacher.prompt_ids(e) for e in chunk]))
         with torch.no_grad():
             student_logp = response_logprobs(student, mine, cfg.temperature)[0]

@@ -12,8 +12,10 @@ import pytest
 from postrl.errors import ConfigError
 from postrl.models import load_policy
 from postrl.tasks import load_task
+from postrl.rollout.base import EpisodeStats
 from postrl.train.evaluate import (
     EvalSettings,
+    Sampled,
     add_eval_arguments,
     count_correct,
     evaluate,
@@ -128,6 +130,27 @@ def test_evaluate_reports_sampled_pass_at_1_and_truncation(tiny) -> None:
         assert lengths is not None and (share < 1 or lengths == 3)  # all cut: all at 3 tokens
     text = format_result(result)
     assert "pass@1 (T=1, 2 samples)" in text and "truncated at max_new_tokens (sampled)" in text
+
+
+def test_a_tool_call_counts_when_one_of_the_episodes_calls_ran() -> None:
+    stats = EpisodeStats(turns=(1, 2, 2, 3), rewards=(0.0,) * 4, tool_calls=(0, 1, 1, 2),
+                         tool_errors=(0, 0, 1, 1), env_tokens=(0,) * 4, env_seconds=(0.0,) * 4,
+                         out_of_turns=(False,) * 4, turn_rewards=((),) * 4)
+    sampled = Sampled(["a", "b", "c", "d"], [1, 2, 3, 4], [False] * 4, stats)
+    assert sampled.called == [False, True, False, True]
+    assert sampled.extra == {"env_reward": [0.0] * 4}
+    assert Sampled(["a"], [1], [False], None).called == [False]
+
+
+@pytest.mark.parametrize(("task", "tools"), [("calculator", True), ("arithmetic", False)])
+def test_only_a_task_with_tools_reports_its_share_of_calls(tiny, task, tools) -> None:
+    model, tokenizer = tiny
+    result = evaluate(model, tokenizer, load_task(task), EvalSettings(n=2, ks=[1, 2],
+                                                                     max_new_tokens=4))
+    shares = (result.called_greedy, result.called_sampled)
+    # the tiny random model writes no call: 0 of its episodes, where there are tools
+    assert shares == ((0.0, 0.0) if tools else (None, None))
+    assert ("tool call that ran" in format_result(result)) == tools
 
 
 def test_evaluate_greedy_only_draws_no_samples(tiny) -> None:
