@@ -107,6 +107,18 @@ def test_rollouts_follow_the_protocol_and_do_not_depend_on_the_split(engine):
 
 
 @needs_vllm
+def test_a_prompt_that_extends_an_earlier_one_is_prefilled_from_the_prefix_cache(engine):
+    # an episode's next turn: the last context, the turn sampled and a reply after it
+    prompt = engine.tokenizer(" ".join(f"{a} * {a} =" for a in range(90, 150))).input_ids
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    first = engine.generate([prompt], 1, params, seed=0)
+    assert first.prefill_lengths[0] > len(prompt) // 2  # no earlier call read this prompt
+    turn = prompt + first.response_ids[0, : int(first.lengths[0])].tolist() + prompt[:5]
+    again = engine.generate([turn], 1, params, seed=1)
+    assert 0 < again.prefill_lengths[0] < len(turn) - len(prompt) // 2
+
+
+@needs_vllm
 def test_the_sampled_log_probs_and_the_scores_are_the_trainer_s(engine, model_dir):
     model, tokenizer = load_policy(str(model_dir))
     ids = tokenizer(FIXED).input_ids
@@ -268,6 +280,7 @@ def test_recipes_and_environments_train_with_the_engine(model_dir, tmp_path, ext
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert row["mismatch/kl_k3"] >= 0 and row["rollout/tokens_generated"] > 0
+        assert row["rollout/prefill_tokens"] > 0
     if "max_turns=3" in extra:
         assert max(r["episode/turns_mean"] for r in rows) > 1
 
