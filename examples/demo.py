@@ -44,6 +44,14 @@ def accuracy(model, tokenizer, cfg, samples: int) -> dict[str, float]:
     return scores
 
 
+def reverse_kl(metrics: Path) -> tuple[float, float] | None:
+    """A distillation run's held-out reverse KL to its teacher at its first and last
+    evaluation (``eval/distill_reverse_kl``), or None."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    values = [row["eval/distill_reverse_kl"] for row in rows if "eval/distill_reverse_kl" in row]
+    return (values[0], values[-1]) if len(values) > 1 else None
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=CONFIG, help="the run's YAML config")
@@ -79,11 +87,15 @@ def main(argv: list[str]) -> int:
     tokens = trainer.state.tokens_generated
     if "greedy call" in before:
         print("(call: the share of episodes with a well-formed tool call, one that ran)")
+    distilled = reverse_kl(cfg.run_dir() / "metrics.jsonl")
+    if distilled:
+        print("held-out reverse KL to the teacher: {:.3f} -> {:.3f} nats per token".format(
+            *distilled))
     print(f"({before['problems']} problems; {tokens} training tokens generated; "
           f"{minutes:.1f} min in all; run in {cfg.run_dir()})")
     summary = {"before": before, "after": after, "minutes": minutes,
                "recipe": cfg.build_recipe().name, "steps": cfg.steps,
-               "tokens_generated": tokens}
+               "tokens_generated": tokens, "distill_reverse_kl": distilled}
     (cfg.run_dir() / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 

@@ -42,7 +42,8 @@ class LoraConfig:
 @dataclass
 class TeacherConfig:
     """The teacher of on-policy distillation (the recipe's distill_coef; docs/algorithms.md
-    §11): a frozen model that scores the student's samples, given its own prompt."""
+    §11): a frozen model that scores the student's samples, given its own prompt; and of the
+    supervised warm start from its own samples (``warm_start_prompts``)."""
 
     model: str | None = opt(None, "the teacher: a model as model= takes it (same tokenizer as "
                             "the student), or self (the student's initial weights: context "
@@ -52,6 +53,13 @@ class TeacherConfig:
     task_options: dict[str, Any] = opt(
         factory=dict, doc="task options that change the teacher's prompt only, over the "
         "student's, e.g. teacher.task_options.demonstrations=2")
+    warm_start_prompts: int = opt(0, "before the first step the teacher plays group_size "
+                                  "samples of this many training problems; those the verifier "
+                                  "accepts train the student, after its own prompt, by "
+                                  "teacher.warm_start_steps supervised steps (context "
+                                  "distillation of sequences); 0 = no warm start")
+    warm_start_steps: int = opt(8, "optimizer steps of the warm start, each over all its "
+                                "accepted samples (mean NLL per model token; the run's lr)")
 
 
 @dataclass

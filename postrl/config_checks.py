@@ -228,10 +228,21 @@ def _validate_teacher(cfg, recipe, fail) -> None:
         fail("teacher.model", f"recipe_options.distill_coef={recipe.distill_coef} distills from "
              "a teacher, and none is set: set teacher.model (a model directory or name, or self "
              "for the student's initial weights with the teacher's own prompt)")
-    if teacher.model and recipe.distill_coef <= 0:
+    if teacher.model and recipe.distill_coef <= 0 and not teacher.warm_start_prompts:
         fail("recipe_options.distill_coef", f"teacher.model={teacher.model!r} is set but the "
-             "recipe's distill_coef is 0, so the teacher would score nothing: set "
-             "recipe_options.distill_coef (e.g. 1.0), or remove teacher.model")
+             "recipe's distill_coef is 0 and there is no warm start, so the teacher would do "
+             "nothing: set recipe_options.distill_coef (e.g. 1.0) or "
+             "teacher.warm_start_prompts, or remove teacher.model")
+    if teacher.warm_start_prompts < 0 or teacher.warm_start_steps < 1:
+        fail("teacher.warm_start_prompts", "teacher.warm_start_prompts must be >= 0 and "
+             f"teacher.warm_start_steps >= 1, got {teacher.warm_start_prompts} and "
+             f"{teacher.warm_start_steps}")
+    if teacher.warm_start_prompts and not teacher.model:
+        fail("teacher.model", f"teacher.warm_start_prompts={teacher.warm_start_prompts} "
+             "trains on the teacher's samples, and no teacher.model is set")
+    if teacher.warm_start_prompts and cfg.launcher == "ray":
+        fail("teacher.warm_start_prompts", "the warm start trains in the driver's process, "
+             "not on Ray's train workers: run it with launcher=local")
     if not teacher.model and (teacher.system_prompt is not None or teacher.task_options):
         fail("teacher.model", "teacher.system_prompt and teacher.task_options shape the "
              "teacher's prompt, and no teacher.model is set")

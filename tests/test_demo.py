@@ -32,9 +32,11 @@ def test_the_demo_evaluates_trains_and_evaluates_again(tmp_path, capsys, config)
         assert 0 <= scores["sampled pass@1"] <= scores["pass@2"] <= 1
     printed = capsys.readouterr().out
     assert "held-out accuracy" in printed and "pass@2" in printed
-    tools = config == "calculator.yaml"  # the one task with tools
+    tools = config == "calculator.yaml"  # the one task with tools, and a teacher
     assert ("greedy call" in printed) == tools
     assert all(("sampled call" in summary[side]) == tools for side in ("before", "after"))
+    assert ("held-out reverse KL to the teacher" in printed) == tools
+    assert (summary["distill_reverse_kl"] is not None) == tools
 
 
 def test_the_demo_refuses_one_sample(capsys):

@@ -96,6 +96,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("distill/reverse_kl", "nats", "k1 estimate of KL(student || teacher) per token on the student's samples: mean of log pi_old - log pi_teacher, the term each token's advantage gets -distill_coef times"),
     Metric("distill/reverse_kl_k3", "nats", "k3 estimate of the same KL per token (never negative)"),
     Metric("distill/teacher_ppl", "perplexity", "exp of the mean negative log-prob of the student's sampled tokens under the teacher, after its prompt"),
+    Metric("warm_start/samples", "responses", "samples the teacher drew for the warm start (logged with step 1; their tokens are in rollout/tokens_generated)"),
+    Metric("warm_start/kept", "responses", "of them, those the verifier accepted: the warm start's targets"),
+    Metric("warm_start/tokens", "tokens", "tokens the teacher generated for the warm start (counted in rollout/tokens_generated)"),
+    Metric("warm_start/nll_first", "nats", "mean negative log-likelihood per token of those targets under the student, at the warm start's first step"),
+    Metric("warm_start/nll_last", "nats", "the same at its last step (before that step's update)"),
+    Metric("time/warm_start_s", "s", "seconds of the warm start: the teacher's sampling and the supervised steps"),
     Metric("value/clip_frac", "fraction", "critic terms where the clipped value error was larger"),
     # held-out evaluation (at step 0, every eval_every steps and at the last step)
     Metric("eval/accuracy", "fraction", "greedy pass@1 on the first eval_n held-out problems"),

@@ -80,6 +80,14 @@ class Teacher:
         """``[N, T]`` log-probs of the response tokens after the teacher's prompts."""
         return self.scorer.logprobs(batch, temperature)
 
+    def sampler_engine(self, student_engine: Any) -> Any:
+        """What samples the teacher's weights: a sampler over a loaded teacher model; for
+        ``self``, the student's own engine, which holds them until the student's first
+        update."""
+        if isinstance(self.scorer, FrozenModel):
+            return HFRolloutEngine(self.scorer.model, self.tokenizer)
+        return student_engine
+
 
 def held_out_reverse_kl(student: Any, tokenizer: Any, task: Any, teacher: Teacher,
                         cfg: TrainConfig, batch_prompts: int = 8) -> dict[str, float]:

@@ -20,7 +20,7 @@ from postrl.models.precision import (
 )
 from postrl.process import configure_process
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.tasks import load_task
+from postrl.tasks import load_task, task_prompt
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
 from postrl.telemetry.run_dir import check_out_path
 from postrl.telemetry.run_lock import RunLock
@@ -58,6 +58,7 @@ from postrl.train.update import (
     run_updates,
     update_plan,
 )
+from postrl.train.warm_start import WarmStart, warm_start
 
 
 class TrainingError(PostRLError):
@@ -212,10 +213,14 @@ class Trainer:
         # first step fails (nothing is logged before a step has finished)
         at_start = self.cfg.eval_every and self.step == 0 and not self.done()
         start = self._evaluate() if at_start else None
+        # the teacher's samples, learnt before step 1 (and logged with it: part of its cost)
+        warm = (self._warm_start() if self.step == 0 and self.cfg.teacher.warm_start_prompts
+                else {})
         with sinks, TrainProgress(self.cfg.steps, self.cfg.token_budget,
                                   quiet=self.cfg.quiet) as bar:
             while not self.done():
-                metrics = self.train_step()
+                metrics = {**self.train_step(), **warm}
+                warm = {}
                 if self.cfg.eval_every and (self.step % self.cfg.eval_every == 0 or self.done()):
                     metrics.update(self._evaluate())
                 if start is not None:
@@ -324,6 +329,21 @@ class Trainer:
             metrics.update(held_out_reverse_kl(self.lm, self.tokenizer, self.task, self.teacher,
                                                self.cfg))
         return {**metrics, "rollout/tokens_generated": self.state.tokens_generated}
+
+    def _warm_start(self) -> dict[str, float]:
+        """``postrl/train/warm_start.py``: the student learns the teacher's accepted samples;
+        their tokens count as generated."""
+        parts = WarmStart(self.teacher.sampler_engine(self.engine), self.teacher, self.grader,
+                          lambda e: self.prompt_ids(e.id, task_prompt(
+                              self.tokenizer, self.task, e.question, self.cfg.system_prompt)),
+                          self.episodes, self.engine.pad_id)
+        metrics, collected = warm_start(parts, self.lm, self.sampling, self.cfg)
+        self.state.count_sampled(collected)
+        if self.master is not None:
+            self.master.refresh()
+        if self.cluster is None and self.cfg.rollout_backend == "vllm":  # its own copy
+            self.engine.load_weights(engine_weights(self.lm))
+        return metrics
 
     def _prepare(self, batch: TrainBatch) -> None:
         scorers = Scorers(self.scoring_lm, self.reference, self.critic, self.teacher,

@@ -11,8 +11,8 @@ import pytest
 
 from postrl.errors import ConfigError
 from postrl.models import load_policy
-from postrl.tasks import load_task
 from postrl.rollout.base import EpisodeStats
+from postrl.tasks import load_task
 from postrl.train.evaluate import (
     EvalSettings,
     Sampled,
