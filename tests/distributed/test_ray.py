@@ -26,8 +26,11 @@ from postrl.train.trainer import Trainer  # noqa: E402
 from postrl.train.update import Trainable, UpdateSettings, run_updates  # noqa: E402
 
 REWARDS = Path(__file__).parents[1] / "train" / "rewards_for_tests.py"
-CLOCK = ("time/", "throughput/", "memory/", "async/queue_wait_s", "async/sampler_idle_s",
-         "async/trainer_idle_s")  # vary from run to run
+NOT_COMPARED = ("time/", "throughput/", "memory/", "async/queue_wait_s",
+                "async/sampler_idle_s", "async/trainer_idle_s",  # vary from run to run
+                # one process continues an episode's cache from turn to turn, Ray's workers
+                # prefill every turn whole (docs/environments.md): same samples, other cost
+                "rollout/prefill_tokens")
 RAY = ["launcher=ray", "rollout_workers=2", "train_workers=2", "worker_cpus=0.5"]
 # float sums in another order (each worker arranges its own share into micro-batches): the
 # runs are not bit-identical; the largest parameter differences after 3 steps are those of
@@ -56,7 +59,7 @@ def options(out: Path, recipe: str, *extra: str) -> list[str]:
 
 def metrics(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(CLOCK)} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(NOT_COMPARED)} for r in rows]
 
 
 def completions(run: Path) -> list[str]:
