@@ -230,6 +230,11 @@ class Trainer:
                 self.run.commit_replacement()  # the new run has started
                 bar.update(self.step, metrics)
                 self._save()
+            if warm:  # the teacher's samples spent the whole token budget: no step ran
+                rows = [start, {**warm, "rollout/tokens_generated": self.state.tokens_generated}]
+                for row in filter(None, rows):
+                    sinks.log(0, row)
+                self.run.commit_replacement()
         self._save(final=True)
         return metrics
 

@@ -35,6 +35,19 @@ def test_the_student_learns_the_accepted_samples_of_the_teacher(tmp_path, teache
     assert all(is_declared(name) for name in row)
 
 
+def test_a_warm_start_that_spends_the_budget_is_logged_though_no_step_runs(tmp_path):
+    trainer = accepting_even_lengths(Trainer(config(
+        tmp_path, "teacher.model=self", "teacher.system_prompt=Think about digits.",
+        "teacher.warm_start_prompts=2", "teacher.warm_start_steps=1", "token_budget=10",
+        "eval_every=5", "eval_n=2", "eval_samples=0")))
+    trainer.train()
+    rows = [json.loads(line) for line in trainer.run.metrics_path.read_text().splitlines()]
+    assert trainer.step == 0 and [r["step"] for r in rows] == [0, 0]
+    assert "eval/accuracy" in rows[0] and rows[0]["rollout/tokens_generated"] == 0
+    assert rows[1]["warm_start/samples"] == 8
+    assert rows[1]["rollout/tokens_generated"] == rows[1]["warm_start/tokens"] >= 10
+
+
 def test_a_self_teacher_samples_with_its_own_prompt_before_any_update(tmp_path):
     trainer = accepting_even_lengths(Trainer(config(
         tmp_path, "teacher.model=self", "teacher.system_prompt=Think about digits.",
