@@ -199,30 +199,49 @@ def run_one(experiment: Experiment, out_root: Path, dry_run: bool = False,
     """Run (or continue) one experiment; record its command, wall time and the commit that
     finished each run; copy its files to ``results`` (when given); return seconds.
 
-    The wall time adds up over the sessions that ran parts of it."""
+    An interrupted or failed part records what it finished too: the wall time adds up over
+    the sessions that ran parts of it, and each run keeps the commit of the session that
+    finished it ("A..B" when the checkout moved from A to B while that session ran)."""
     argv = experiment.argv(out_root, extra) + (["--dry-run"] if dry_run else [])
     print("$ postrl " + shlex.join(argv), flush=True)
     out = out_root / experiment.name
-    record_path = out / RUN_RECORD
-    earlier = json.loads(record_path.read_text()) if record_path.is_file() else {}
     runs = run_names(experiment)
-    pending = [run for run in runs if not (out / run / "final" / "config.json").is_file()]
+    pending = [run for run in runs if not finished(out, run)]
     commit = git_commit()
     started = time.perf_counter()
-    code = launch(argv)
-    seconds = time.perf_counter() - started
+    code = None
+    try:
+        code = launch(argv)
+    finally:
+        seconds = time.perf_counter() - started
+        if not dry_run and out.is_dir():
+            done = [run for run in pending if finished(out, run)]
+            end = git_commit()
+            record_progress(out, experiment.name, argv, seconds, runs,
+                            dict.fromkeys(done, commit if end == commit else f"{commit}..{end}"))
     if code != 0:
         raise SystemExit(f"findings_plan: experiment {experiment.name} failed (exit {code}); "
                          "run the same command again to continue it")
-    if not dry_run:
-        commits = {**earlier.get("commits", {}), **dict.fromkeys(pending, commit)}
-        record = {**earlier, "experiment": experiment.name, "command": "postrl " + shlex.join(argv),
-                  "wall_seconds": round(earlier.get("wall_seconds", 0) + seconds, 1),
-                  "commits": {run: commits[run] for run in runs if run in commits}}
-        record_path.write_text(json.dumps(record, indent=2) + "\n")
-        if results is not None:
-            keep(out, results / experiment.name, runs)
+    if not dry_run and results is not None:
+        keep(out, results / experiment.name, runs)
     return seconds
+
+
+def finished(out: Path, run: str) -> bool:
+    return (out / run / "final" / "config.json").is_file()
+
+
+def record_progress(out: Path, name: str, argv: list[str], seconds: float, runs: list[str],
+                    commits: dict[str, str]) -> None:
+    """Add a session's ``seconds`` and the commits of the runs it finished to ``out``'s
+    record (commits in the order of ``runs``)."""
+    record_path = out / RUN_RECORD
+    earlier = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    merged = {**earlier.get("commits", {}), **commits}
+    record = {**earlier, "experiment": name, "command": "postrl " + shlex.join(argv),
+              "wall_seconds": round(earlier.get("wall_seconds", 0) + seconds, 1),
+              "commits": {run: merged[run] for run in runs if run in merged}}
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

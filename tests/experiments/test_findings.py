@@ -214,6 +214,35 @@ def test_driver_records_each_runs_commit_and_keeps_only_light_files(runs_root, t
     assert "All 6 runs ran at commit" in from_kept
 
 
+def test_an_interrupted_part_records_the_runs_it_finished_and_its_time(tmp_path, monkeypatch):
+    experiment = replace(findings_plan.BY_NAME["dynamic"], seeds=2)
+    runs = findings_plan.run_names(experiment)
+    out = tmp_path / experiment.name
+
+    def finishing(names, code):  # a launch that finishes ``names`` and exits with ``code``
+        def launch(argv):
+            for name in names:
+                (out / name / "final").mkdir(parents=True)
+                (out / name / "final" / "config.json").write_text("{}")
+            return code
+        return launch
+
+    commits = iter(["aaa", "bbb", "ccc", "ccc"])  # the checkout moved during the first session
+    monkeypatch.setattr(findings_plan, "git_commit", lambda: next(commits))
+    monkeypatch.setattr(findings_plan, "launch", finishing(runs[:2], 130))
+    with pytest.raises(SystemExit, match="run the same command again"):
+        findings_plan.run_one(experiment, tmp_path)
+    record = json.loads((out / "findings.json").read_text())
+    assert record["commits"] == dict.fromkeys(runs[:2], "aaa..bbb")
+    first = record["wall_seconds"]
+    monkeypatch.setattr(findings_plan, "launch", finishing(runs[2:], 0))
+    findings_plan.run_one(experiment, tmp_path)
+    record = json.loads((out / "findings.json").read_text())
+    assert record["commits"] == {**dict.fromkeys(runs[:2], "aaa..bbb"),
+                                 **dict.fromkeys(runs[2:], "ccc")}
+    assert list(record["commits"]) == runs and record["wall_seconds"] >= first
+
+
 def test_rerunning_a_finished_part_keeps_every_run(runs_root, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(findings_plan, "launch", postrl_main)
