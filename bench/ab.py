@@ -113,11 +113,7 @@ def runs_text(times: list[float], peak: float) -> str:
 def first_prompt_ids(trainer, count: int = 4) -> list[list[int]]:
     """The token ids of the next ``count`` prompts ``trainer``'s sampler hands out, as its
     own steps build them (the task's chat prompt, the run's system prompt)."""
-    from postrl.tasks import task_prompt
-
-    return [trainer.prompt_ids(e.id, task_prompt(trainer.tokenizer, trainer.task, e.question,
-                                                 trainer.cfg.system_prompt))
-            for e in trainer.sampler.take(count)]
+    return [trainer.draw.prompt(e)[1] for e in trainer.sampler.take(count)]
 
 
 @functools.cache

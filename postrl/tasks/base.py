@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -46,3 +47,11 @@ class Task(Protocol):
     def train(self) -> Sequence[Example]: ...
 
     def test(self) -> Sequence[Example]: ...
+
+
+def constructor_options(cls: type, own: Sequence[str]) -> list[str]:
+    """The parameters of ``cls``'s constructor a user may set as task options: named ones
+    that are not ``own`` (the task's options of the same name win)."""
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return [p.name for p in parameters if p.name != "self" and p.name not in own
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]

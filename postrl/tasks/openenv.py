@@ -45,7 +45,7 @@ from postrl.tasks.arithmetic import (
     seeded_shuffle,
     split_by_hash,
 )
-from postrl.tasks.base import Example, FixedSplits
+from postrl.tasks.base import Example, FixedSplits, constructor_options
 
 LOG = logging.getLogger(__name__)
 # postrl's options; the rest are the environment's constructor parameters
@@ -78,12 +78,6 @@ def environment_class(path: str) -> type:
         raise ConfigError(f"task openenv:{path}: {module_name} has no OpenEnv Environment "
                           f"named {name!r} (it has: {', '.join(found) or 'none'})")
     return cls
-
-
-def _constructor_parameters(cls: type) -> list[str]:
-    parameters = inspect.signature(cls.__init__).parameters.values()
-    return [p.name for p in parameters if p.name != "self" and p.name not in OWN_OPTIONS
-            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def _action_class(cls: type, path: str) -> type:
@@ -132,7 +126,7 @@ class OpenEnvTask(FixedSplits):
                  observation_fields: list[str] | None = None, **options: Any) -> None:
         self.name = f"openenv:{path}"
         self.cls = environment_class(path)
-        unknown = sorted(set(options) - set(_constructor_parameters(self.cls)))
+        unknown = sorted(set(options) - set(constructor_options(self.cls, OWN_OPTIONS)))
         if unknown:  # load_task checks too; a direct caller gets the same error
             raise ConfigError(f"task {self.name}: unknown option(s) {', '.join(unknown)}")
         self.options = options
@@ -162,7 +156,7 @@ class OpenEnvTask(FixedSplits):
 
     @classmethod
     def accepted_options(cls, path: str) -> list[str]:
-        return [*OWN_OPTIONS, *_constructor_parameters(environment_class(path))]
+        return [*OWN_OPTIONS, *constructor_options(environment_class(path), OWN_OPTIONS)]
 
     def _start(self, seed: int) -> tuple[Any, str]:
         """A fresh instance after its reset with ``seed``, and its first observation's text."""

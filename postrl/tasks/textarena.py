@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import inspect
 import io
 import logging
 import random
@@ -72,7 +71,7 @@ from postrl.tasks.arithmetic import (
     seeded_shuffle,
     split_by_hash,
 )
-from postrl.tasks.base import Example, FixedSplits
+from postrl.tasks.base import Example, FixedSplits, constructor_options
 
 LOG = logging.getLogger(__name__)
 # postrl's options; the rest are the game's constructor parameters
@@ -120,9 +119,7 @@ def game_class(game: str) -> type:
 
 def game_parameters(game: str) -> list[str]:
     """The constructor parameters of game ``game`` a user may set as task options."""
-    parameters = inspect.signature(game_class(game).__init__).parameters.values()
-    return [p.name for p in parameters if p.name != "self" and p.name not in OWN_OPTIONS
-            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return constructor_options(game_class(game), OWN_OPTIONS)
 
 
 def canonical(value: Any, depth: int = 0) -> str:

@@ -44,13 +44,17 @@ class Drawer:
         return Drawn(step, drawn_by(step, self.recipe.max_staleness), collected, errors[0],
                      timings, (self.sampler.epoch, self.sampler.position))
 
+    def prompt(self, example) -> tuple[str, list[int]]:
+        """``example``'s prompt as the student reads it: its text and tokens (the tokens
+        are made once per example)."""
+        text = task_prompt(self.tokenizer, self.task, example.question, self.cfg.system_prompt)
+        return text, self.prompt_ids(example.id, text)
+
     def _round(self, step: int, round_index: int, engine, timings: dict[str, float],
                errors: list[int]) -> list[Group]:
         cfg = self.cfg
         examples = self.sampler.take(cfg.prompts_per_step)
-        prompts = [task_prompt(self.tokenizer, self.task, e.question, cfg.system_prompt)
-                   for e in examples]
-        ids = [self.prompt_ids(e.id, p) for e, p in zip(examples, prompts, strict=True)]
+        prompts, ids = map(list, zip(*map(self.prompt, examples), strict=True))
         stream = cfg.seed if cfg.sampling_seed is None else cfg.sampling_seed
         seed = hash((stream, step, round_index)) % (2**31)
         t = time.perf_counter()

@@ -20,7 +20,7 @@ from postrl.models.precision import (
 )
 from postrl.process import configure_process
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.tasks import load_task, task_prompt
+from postrl.tasks import load_task
 from postrl.telemetry import JsonlSink, MultiSink, RunDir, TrainProgress, make_sinks
 from postrl.telemetry.run_dir import check_out_path
 from postrl.telemetry.run_lock import RunLock
@@ -339,9 +339,7 @@ class Trainer:
         """``postrl/train/warm_start.py``: the student learns the teacher's accepted samples;
         their tokens count as generated."""
         parts = WarmStart(self.teacher.sampler_engine(self.engine), self.teacher, self.grader,
-                          lambda e: self.prompt_ids(e.id, task_prompt(
-                              self.tokenizer, self.task, e.question, self.cfg.system_prompt)),
-                          self.episodes, self.engine.pad_id)
+                          lambda e: self.draw.prompt(e)[1], self.episodes, self.engine.pad_id)
         metrics, collected = warm_start(parts, self.lm, self.sampling, self.cfg)
         self.state.count_sampled(collected)
         if self.master is not None:
