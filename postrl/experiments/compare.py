@@ -27,7 +27,7 @@ from postrl.components import differing
 from postrl.config import TrainConfig, load_config
 from postrl.config_checks import validate
 from postrl.errors import ConfigError
-from postrl.experiments.disk import check_free_space, disk_plan
+from postrl.experiments.disk import check_free_space, disk_plan, drop_weights
 from postrl.experiments.fairness import (
     check_fair,
     warn_indistinguishable,
@@ -185,9 +185,36 @@ def labelled_recipes(planned: list[PlannedRun]) -> list[Recipe]:
     return list(recipes.values())
 
 
-def describe_plan(planned: list[PlannedRun]) -> list[str]:
-    """What will run: each recipe's components that differ from the first recipe's."""
+def varied_settings(planned: list[PlannedRun], vary: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Each arm's values of the fields varied on purpose (``--vary``), as ``field=value``."""
+    settings: dict[str, tuple[str, ...]] = {}
+    for run in planned:
+        if run.spec.label not in settings:
+            resolved = run.config.resolved()
+            settings[run.spec.label] = tuple(f"{field}={_setting(resolved, field)}"
+                                             for field in sorted(vary))
+    return settings
+
+
+def _setting(config: dict[str, Any], dotted: str) -> Any:
+    for key in dotted.split("."):
+        config = config.get(key) if isinstance(config, dict) else None
+    return config
+
+
+def difference_text(recipes: dict[str, Recipe], settings: dict[str, tuple[str, ...]],
+                    first: str, second: str) -> str:
+    """What arm ``second`` changes from arm ``first``: its components, then the fields varied
+    on purpose."""
+    varied = [b for a, b in zip(settings.get(first, ()), settings.get(second, ()), strict=True)
+              if a != b]
+    return "; ".join(filter(None, [changes_text(recipes[first], recipes[second]), *varied]))
+
+
+def describe_plan(planned: list[PlannedRun], vary: Sequence[str] = ()) -> list[str]:
+    """What will run: what each arm changes from the first arm."""
     recipes = labelled_recipes(planned)
+    by_name, settings = {r.name: r for r in recipes}, varied_settings(planned, vary)
     seeds = sorted({run.seed for run in planned})
     cfg = planned[0].config
     stop = (f"token budget {cfg.token_budget}" if cfg.token_budget is not None
@@ -196,7 +223,7 @@ def describe_plan(planned: list[PlannedRun]) -> list[str]:
              f"task {cfg.task}, {cfg.prompts_per_step} prompts x {cfg.group_size} samples per "
              f"step, max_new_tokens {cfg.max_new_tokens}, stop at {stop}"]
     for recipe in recipes:
-        what = changes_text(recipes[0], recipe)
+        what = difference_text(by_name, settings, recipes[0].name, recipe.name)
         lines.append(f"  {recipe.name}: " + (what if recipe is not recipes[0] else "baseline"))
     return lines
 
@@ -245,18 +272,20 @@ def cost_rows(planned: list[PlannedRun], finals: Finals) -> list[list[Any]]:
     return rows
 
 
-def summarize(planned: list[PlannedRun], consecutive: bool = False) -> str:
+def summarize(planned: list[PlannedRun], consecutive: bool = False,
+              vary: Sequence[str] = ()) -> str:
     """Every seed's final values, then each pair of arms' paired differences with the
-    components that differ between the two."""
+    components (and fields varied on purpose) that differ between the two."""
     finals = finals_of(planned)
     headers, rows = seed_rows(finals, FINAL_METRICS)
     parts = ["cost per run (the budget each spent; wasted: groups dynamic sampling dropped):",
              format_table(COST_HEADERS, cost_rows(planned, finals)),
              "", "final values per seed:", format_table(headers, rows)]
     recipes = {recipe.name: recipe for recipe in labelled_recipes(planned)}
+    settings = varied_settings(planned, vary)
     paired = paired_rows(finals, FINAL_METRICS, consecutive)
     for first, second in arm_pairs(list(finals), consecutive):
-        what = (changes_text(recipes[first], recipes[second])
+        what = (difference_text(recipes, settings, first, second)
                 or "no component; only the sampled responses, a noise floor")
         parts += ["", f"{second} - {first}, paired by seed (differs in: {what}):",
                   format_table(PAIRED_HEADERS, [paired_cells(row) for row in paired
@@ -281,16 +310,18 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
         for run in planned:
             run.config.resume = "auto"
     check_run_dirs_free(planned)
-    print("\n".join(describe_plan(planned)))
+    vary = tuple(args.vary or ())
+    print("\n".join(describe_plan(planned, vary)))
     to_train = [run.config for run in planned if run not in done]
     if to_train:
-        needed, disk_line = disk_plan(to_train, args.keep_checkpoints)
+        needed, disk_line = disk_plan(to_train, args.keep_checkpoints, not args.drop_weights)
         print(disk_line)
         if not args.dry_run:
             check_free_space(out, needed, disk_line)
     recipes = labelled_recipes(planned)
     warnings = (warn_several_components(recipes, consecutive=args.command_name == "ladder")
-                + warn_indistinguishable(recipes, planned[0].config.updates_per_batch))
+                + warn_indistinguishable(recipes, planned[0].config.updates_per_batch,
+                                         varied_settings(planned, vary)))
     if planned[0].config.token_budget is None:
         warnings.append("no token budget: runs stop on steps, so a recipe that generates more "
                         "per step (longer answers, dynamic sampling) also spends more tokens; "
@@ -312,8 +343,10 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
         Trainer(run.config).train()
         if not args.keep_checkpoints:  # a finished run resumes from nothing: its final policy
             shutil.rmtree(run.config.run_dir() / "checkpoints", ignore_errors=True)
+        if args.drop_weights:
+            drop_weights(run.config.run_dir() / "final")
         gc.collect()  # free the finished run's model, optimizer and reference before the next
-    print(summarize(planned, consecutive=args.command_name == "ladder"))
+    print(summarize(planned, consecutive=args.command_name == "ladder", vary=vary))
     from postrl.experiments.report import write_report  # matplotlib: only when reporting
 
     written = write_report([out], out)  # reads comparison.json: arm order, ladder pairs
@@ -341,6 +374,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep each finished run's checkpoints (by default they are "
                              "removed once it has saved its final policy: nothing resumes "
                              "from them)")
+    parser.add_argument("--drop-weights", action="store_true",
+                        help="remove each finished run's final weights too (its config, logs "
+                             "and metrics stay: enough for the report, and for --resume to "
+                             "know it finished)")
     parser.add_argument("--dry-run", action="store_true",
                         help="check fairness and print the plan, the disk it will use and "
                              "the warnings; train nothing")

@@ -67,21 +67,38 @@ def checkpoints_held(cfg: TrainConfig) -> int:
     return max(steps // cfg.save_every, 1)
 
 
-def disk_plan(configs: list[TrainConfig], keep_checkpoints: bool) -> tuple[int, str]:
+def disk_plan(configs: list[TrainConfig], keep_checkpoints: bool,
+              keep_weights: bool = True) -> tuple[int, str]:
     """``(bytes, one line)``: the most the runs of ``configs`` hold on disk at once, run one
     after another. Pruned, a finished run keeps its final policy only, and the running one
-    its checkpoints (:func:`checkpoints_held`); kept, every run keeps them."""
+    its checkpoints (:func:`checkpoints_held`); kept, every run keeps them. Without
+    ``keep_weights`` a finished run keeps its final policy's configuration, not its weights
+    (the running one holds them once, while it saves)."""
     parameters = parameter_count(configs[0].model)
     sizes = [run_size(cfg, parameters) for cfg in configs]
     held = [checkpoints_held(cfg) for cfg in configs]
-    finals = sum(s.final for s in sizes)
+    finals = sum(s.final for s in sizes) if keep_weights else max(s.final for s in sizes)
     per_run = [s.checkpoint * n for s, n in zip(sizes, held, strict=True)]
     total = finals + (sum(per_run) if keep_checkpoints else max(per_run))
     kept = "kept" if keep_checkpoints else "removed once each run has finished"
-    line = (f"disk: about {total / 1e9:.2f} GB: {len(configs)} final policies of "
-            f"{sizes[0].final / 1e6:.0f} MB, up to {max(held)} checkpoints of "
+    policies = (f"{len(configs)} final policies of {sizes[0].final / 1e6:.0f} MB"
+                if keep_weights else
+                f"one final policy of {sizes[0].final / 1e6:.0f} MB at a time (the weights "
+                "removed once each run has finished)")
+    line = (f"disk: about {total / 1e9:.2f} GB: {policies}, up to {max(held)} checkpoints of "
             f"{sizes[0].checkpoint / 1e6:.0f} MB a run ({kept})")
     return total, line
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+def drop_weights(final: Path) -> None:
+    """Remove the weight files of a saved policy, keeping its configuration, tokenizer and
+    chat template (so the run still reads as finished)."""
+    for path in final.iterdir() if final.is_dir() else ():
+        if path.suffix in WEIGHT_SUFFIXES:
+            path.unlink()
 
 
 def check_free_space(out: Path, needed: int, line: str) -> None:

@@ -126,10 +126,12 @@ def _schedule_text(updates_per_batch: int) -> str:
     return f"with one update per batch (epochs x minibatches = {updates_per_batch})"
 
 
-def warn_indistinguishable(recipes: list[Recipe], updates_per_batch: int) -> list[str]:
+def warn_indistinguishable(recipes: list[Recipe], updates_per_batch: int,
+                           settings: Mapping[str, tuple] | None = None) -> list[str]:
     """Warnings for compared recipes that cannot differ under the schedule.
 
-    Recipes with identical components only measure seed noise. With one update per batch
+    Recipes with identical components and the same ``settings`` (each recipe's values of the
+    config fields varied on purpose, by name) only measure seed noise. With one update per batch
     (on-policy) ratio units, clip ranges and dual-clip are inert, except the entropy-guided
     hybrid mixing, which reweights tokens within a response even on-policy.
     """
@@ -138,7 +140,7 @@ def warn_indistinguishable(recipes: list[Recipe], updates_per_batch: int) -> lis
     groups: dict[tuple, list[Recipe]] = {}
     for recipe in recipes:
         key = on_policy_key(recipe) if on_policy else tuple(c.state(recipe) for c in COMPONENTS)
-        groups.setdefault(key, []).append(recipe)
+        groups.setdefault(((settings or {}).get(recipe.name, ()), key), []).append(recipe)
     for members in groups.values():
         if len(members) < 2:
             continue
@@ -176,7 +178,7 @@ def _partly_inert(recipes: list[Recipe], groups: dict[tuple, list[Recipe]]) -> l
             more = f" and {extra} more pair{'s' * (extra > 1)}" if extra > 0 else ""
             notes.append(f"{title} differs ({names}{more}) but is inert {_schedule_text(1)}: "
                          f"{INERT_REASONS[title]}; those runs differ through their other "
-                         "components only")
+                         "components or varied fields only")
     return notes
 
 

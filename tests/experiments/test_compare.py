@@ -107,6 +107,15 @@ def test_dual_clip_and_identical_components_warn_and_partly_inert_differences_ar
     assert len(notes) == 2 and all("inert" in n for n in notes)  # ratio and clip; KL differs
 
 
+def test_arms_apart_in_a_varied_field_are_not_called_a_noise_floor():
+    grpo = get_recipe("grpo")
+    twin = grpo.with_(name="g2")
+    settings = {"grpo": ("sampler_precision=bf16",), "g2": ("sampler_precision=fp32",)}
+    assert warn_indistinguishable([grpo, twin], 4, settings) == []
+    same = {"grpo": ("sampler_precision=bf16",), "g2": ("sampler_precision=bf16",)}
+    assert "identical components" in warn_indistinguishable([grpo, twin], 4, same)[0]
+
+
 def _on_policy_grad(ratio: str, advantages, logp, mask, entropy, aggregation: str):
     leaf = logp.clone().requires_grad_(True)
     cfg = PolicyLossConfig(ratio=ratio, aggregation=aggregation, norm_constant=7.0,
@@ -355,3 +364,25 @@ def test_compare_shows_each_runs_cost_says_its_disk_and_prunes_finished_runs(tmp
     argv[argv.index(str(out))] = str(kept)
     assert run_compare(compare_args(*argv, "--keep-checkpoints")) == 0
     assert list((kept / "grpo" / "s0" / "checkpoints").glob("step_*"))
+
+
+def test_compare_names_a_varied_field_and_drops_finished_runs_weights(tmp_path, capsys):
+    """An arm apart from the first in a field varied on purpose (the sampler's precision) is
+    said to differ in it, not called a noise floor; with --drop-weights a finished run keeps
+    its logs and final config (so --resume skips it), not its weights."""
+    out = tmp_path / "cmp"
+    argv = ["grpo", "grpo:sampler_precision=fp32", "--seeds", "1", "--token-budget", "40",
+            "--out", str(out), "--vary", "sampler_precision", "--drop-weights", *TINY,
+            "sampler_precision=bf16"]
+    assert run_compare(compare_args(*argv)) == 0
+    printed = capsys.readouterr().out
+    assert "  grpo+sampler_precision=fp32: sampler_precision=fp32" in printed
+    assert "identical components" not in printed and "noise floor" not in printed
+    assert "(differs in: sampler_precision=fp32):" in printed
+    assert "one final policy of" in printed
+    for label in ("grpo", "grpo+sampler_precision=fp32"):
+        final = out / label / "s0" / "final"
+        assert (final / "config.json").is_file() and not list(final.glob("*.safetensors"))
+        assert read_metrics(out / label / "s0" / "metrics.jsonl")[-1]["step"] >= 1
+    assert run_compare(compare_args(*argv, "--resume")) == 0
+    assert capsys.readouterr().out.count("(finished: kept)") == 2

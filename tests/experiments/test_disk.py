@@ -11,6 +11,7 @@ from postrl.experiments.disk import (
     check_free_space,
     checkpoints_held,
     disk_plan,
+    drop_weights,
     parameter_count,
     run_size,
 )
@@ -45,6 +46,18 @@ def test_the_plan_counts_finals_and_the_checkpoints_held_at_once(tmp_path):
     assert "4 final policies" in line and "up to 4 checkpoints" in line
     kept, _ = disk_plan(configs, keep_checkpoints=True)
     assert kept == 4 * size.final + 16 * size.checkpoint
+    light, line = disk_plan(configs, keep_checkpoints=False, keep_weights=False)
+    assert light == size.final + 4 * size.checkpoint and "one final policy of" in line
+
+
+def test_dropping_weights_keeps_what_says_a_run_finished(tmp_path):
+    final = tmp_path / "final"
+    final.mkdir()
+    for name in ("model.safetensors", "adapter_model.bin", "config.json", "tokenizer.json"):
+        (final / name).write_text("x")
+    drop_weights(final)
+    assert sorted(p.name for p in final.iterdir()) == ["config.json", "tokenizer.json"]
+    drop_weights(tmp_path / "absent")  # nothing to drop: no error
 
 
 def test_too_little_free_space_is_refused_before_the_runs_start(tmp_path, monkeypatch):
