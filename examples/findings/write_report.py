@@ -32,7 +32,7 @@ from analysis import (
     steps_taken,
     test,
 )
-from findings_plan import EXPERIMENTS, RUN_RECORD, Experiment
+from findings_plan import EXPERIMENTS, RUN_RECORD, Experiment, arm_label
 
 from postrl.errors import DataError
 from postrl.experiments.report import load_run, write_report
@@ -158,6 +158,20 @@ def per_step_note(first: str, second: str, arms: dict[str, dict[int, Records]]) 
                         f"{format_number(mean[1])}."]
 
 
+def described_table(experiment: Experiment, arms: dict[str, dict[int, Records]]) -> list[str]:
+    """The measures the plan describes for one arm alone, per seed and as a mean."""
+    rows = []
+    for index, measure in experiment.described:
+        label = arm_label(experiment.arms[index])
+        values = {seed: measure(records) for seed, records in arms[label].items()}
+        rows.append([f"`{label}`", describe(measure), _values(values),
+                     format_interval(mean_interval(values.values()))])
+    if not rows:
+        return []
+    return ["", "**Described** (one arm's values, as the plan says):", "",
+            *table(["arm", "measure", "per seed", "mean [95% CI]"], rows)]
+
+
 def results_section(experiment: Experiment, root: Path,
                     figures: Path) -> tuple[list[str], list[list[str]]]:
     """The Markdown of one experiment's results, and its rows of the verdict table (the
@@ -184,6 +198,7 @@ def results_section(experiment: Experiment, root: Path,
     lines += ["", "**Secondary** (two-sided and described, as the plan says; not tested for "
               "the claim):", ""]
     lines += table(HEADERS, secondary)
+    lines += described_table(experiment, arms)
     if any("–" in cell for row in rows + secondary for cell in row):
         lines += ["", "–: no value, and the seed is left out of that pair (e.g. the "
                   "gradient-norm ratio of a run whose median gradient norm is 0: most of its "

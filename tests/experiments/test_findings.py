@@ -2,6 +2,7 @@
 apart, their analyses compute what the plan says, the driver resumes, and the report generator
 turns real (tiny-model) runs into docs/findings.md with numbers equal to the runs' files."""
 
+import importlib.util
 import json
 import sys
 from dataclasses import replace
@@ -27,6 +28,14 @@ TINY = ("model=tiny", "task=arithmetic", "task_options={}", "group_size=4", "max
         "stop=[e]", "eval_n=2", "quiet=true", "save_every=1", "recipe_options.overlong_buffer=4",
         f"rewards=[{REWARDS}:parity_on_odd_answers]")
 BUDGET = 60
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+# E5v samples with vLLM: it runs here only where vLLM is installed (make findings-sampler-vllm)
+RUNNABLE = [e for e in findings_plan.EXPERIMENTS if HAS_VLLM or not e.vllm]
+# what an arm may change beside one component: a ratio unit brings its clip ranges; TIS needs
+# the recomputed old policy; a field varied on purpose (the sampler) changes no component
+ALLOWED = {"offpolicy": (["ratio", "clip"],),
+           "sampler": ([], ["ratio", "clip"], ["mismatch correction", "old policy"]),
+           "sampler-vllm": ([],)}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +45,7 @@ def runs_root(tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(REPO)  # the plan's config path is relative to the repository
         patch.setattr(findings_plan, "launch", postrl_main)  # in-process: no interpreter start
-        for experiment in findings_plan.EXPERIMENTS:
+        for experiment in RUNNABLE:
             small = replace(experiment, token_budget=BUDGET, seeds=2)
             assert findings_plan.run_one(small, root, extra=TINY) > 0
     return root
@@ -44,7 +53,7 @@ def runs_root(tmp_path_factory) -> Path:
 
 # ---- the plan -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("experiment", findings_plan.EXPERIMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("experiment", RUNNABLE, ids=lambda e: e.name)
 def test_arms_are_one_component_apart_and_fair(experiment, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     assert postrl_main([*experiment.argv(tmp_path), "--dry-run"]) == 0
@@ -55,6 +64,11 @@ def test_arms_are_one_component_apart_and_fair(experiment, tmp_path, monkeypatch
     elif experiment.name == "staleness":  # a corrected arm is compared with its stale one
         assert len(warnings) == 2, warnings
         assert all("2 components (mismatch correction, staleness)" in w for w in warnings)
+    elif experiment.name == "sampler":  # TIS recomputes pi_old; GSPO and DHPO as in E3
+        assert len(warnings) == 3, warnings
+        assert "2 components (mismatch correction, old policy)" in warnings[0]
+        assert all("2 components (ratio, clip)" in w for w in warnings[1:])
+        assert "sampler_precision=fp32: sampler_precision=fp32" in printed
     else:
         assert warnings == []
     assert f"x {experiment.seeds} seeds" in printed and experiment.seeds >= 5
@@ -67,23 +81,30 @@ def test_arms_are_one_component_apart_and_fair(experiment, tmp_path, monkeypatch
 @pytest.mark.parametrize("experiment", findings_plan.EXPERIMENTS, ids=lambda e: e.name)
 def test_every_hypothesis_pairs_arms_one_component_apart(experiment, monkeypatch):
     from postrl.components import differing
-    from postrl.experiments.compare import arm_recipe
+    from postrl.experiments.compare import RECIPE_OPTIONS, arm_recipe
 
     monkeypatch.chdir(REPO)
-    recipes = {r.name: r for r in (arm_recipe(arm, "arm", findings_plan.BASE)
-                                   for arm in experiment.arms)}
-    allowed = (["ratio", "clip"],) if experiment.name == "offpolicy" else ()
+    recipes = {}
+    for arm in experiment.arms:  # the recipe alone: an arm's shared-config fields left out
+        name, _, options = arm.partition(":")
+        kept = [o for o in options.split(",") if o.split("=")[0] in RECIPE_OPTIONS]
+        recipe = arm_recipe(":".join([name, ",".join(kept)]) if kept else name, "arm",
+                            findings_plan.BASE)
+        recipes[findings_plan.arm_label(arm)] = recipe
+    allowed = ALLOWED.get(experiment.name, ())
     for h in experiment.hypotheses:
         changed = [c.title for c in differing(recipes[h.first], recipes[h.second])]
         assert len(changed) == 1 or changed in allowed, (h.first, h.second, changed)
 
 
-def test_only_offpolicy_takes_several_updates_per_batch():
+def test_offpolicy_and_the_sampler_take_several_updates_per_batch():
     base = load_config(REPO / findings_plan.BASE)
     assert base.updates_per_batch == 1
-    updates = {e.name: load_config(REPO / findings_plan.BASE, list(e.overrides)).updates_per_batch
+    updates = {e.name: load_config(REPO / findings_plan.BASE,
+                                   [o for o in e.overrides if "=" in o]).updates_per_batch
                for e in findings_plan.EXPERIMENTS}
-    assert updates == {"length": 1, "dynamic": 1, "offpolicy": 4, "staleness": 1}
+    assert updates == {"length": 1, "dynamic": 1, "offpolicy": 4, "staleness": 1,
+                       "sampler": 4, "sampler-vllm": 4}
 
 
 def test_evaluation_runs_at_the_start_and_the_end_only():
@@ -120,6 +141,16 @@ def test_heldout_gain_per_step_and_spikes():
     assert analysis.heldout_final(rows) == 0.5
     assert analysis.grad_norm_spikiness(rows) == pytest.approx(4 / 2.5)
     assert analysis.heldout_gain_per_step(rows[1:]) is None  # no evaluation before training
+
+
+def test_ratio_warnings_count_the_kinds_diagnose_reports():
+    rows = _records((10, 12), (100, 200))
+    assert analysis.ratio_warnings(rows) == 0
+    rows[1]["ratio/max"] = 7.0  # heavy tail
+    rows[2]["ratio/max"] = 9.0  # the same kind again: still one warning
+    rows[2]["ratio/token_logratio_std"] = 0.3  # log-ratio spread
+    assert analysis.ratio_warnings(rows) == 2
+    assert analysis.ratio_warnings(rows[:1]) is None  # no step
 
 
 def test_verdicts_follow_the_preregistered_rule():
@@ -175,8 +206,8 @@ def test_per_step_note_separates_the_step_count_from_the_gain():
 
 # ---- the driver and the report on real runs ---------------------------------------------------
 
-def test_driver_records_command_wall_time_and_prunes_checkpoints(runs_root):
-    for experiment in findings_plan.EXPERIMENTS:
+def test_driver_records_command_wall_time_and_prunes_checkpoints_and_weights(runs_root):
+    for experiment in RUNNABLE:
         record = json.loads((runs_root / experiment.name / "findings.json").read_text())
         assert record["command"].startswith("postrl compare ")
         assert "--resume" in record["command"] and f"--token-budget {BUDGET}" in record["command"]
@@ -184,13 +215,15 @@ def test_driver_records_command_wall_time_and_prunes_checkpoints(runs_root):
         finals = list((runs_root / experiment.name).glob("*/s*/final"))
         assert len(finals) == 2 * len(experiment.arms)
         assert not any((f.parent / "checkpoints").exists() for f in finals)
+        assert all((f / "config.json").is_file() for f in finals)  # finished, for --resume
+        assert not any(f.glob("*.safetensors") for f in finals)
 
 
 def test_driver_records_each_runs_commit_and_keeps_only_light_files(runs_root, tmp_path):
     commit = findings_plan.git_commit()
     assert commit.split("+")[0] != "unknown"
     kept = tmp_path / "results"
-    for experiment in findings_plan.EXPERIMENTS:
+    for experiment in RUNNABLE:
         small = replace(experiment, seeds=2)
         record = json.loads((runs_root / experiment.name / "findings.json").read_text())
         assert record["commits"] == dict.fromkeys(findings_plan.run_names(small), commit)
@@ -199,7 +232,7 @@ def test_driver_records_each_runs_commit_and_keeps_only_light_files(runs_root, t
     files = sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file())
     assert {Path(f).name for f in files} == {"comparison.json", "findings.json", "config.yaml",
                                              "metrics.jsonl"}
-    experiments = findings_plan.EXPERIMENTS
+    experiments = RUNNABLE
     assert len(files) == 2 * len(experiments) + 2 * 2 * sum(len(e.arms) for e in experiments)
     assert sum(p.stat().st_size for p in kept.rglob("*") if p.is_file()) < 2_000_000
     # The page written from the kept files alone equals the one written from the runs.
@@ -271,7 +304,14 @@ def test_report_numbers_equal_the_metrics_files(runs_root, tmp_path):
     verdicts = text[text.index("### Verdicts"):]
     assert "| E3 | GSPO clips far more tokens than GRPO | primary |" in verdicts
     assert "| E3 | yet trains stably" in verdicts  # the stability claim, apart from clipping
-    assert verdicts.count("| primary |") == len(findings_plan.EXPERIMENTS)
+    assert verdicts.count("| primary |") == len(RUNNABLE)
+    assert text.count("Not run yet") == len(findings_plan.EXPERIMENTS) - len(RUNNABLE)
+    described = text[text.index("**Described**"):].splitlines()[4]  # E5's TIS arm, alone
+    tis = findings_plan.arm_label(findings_plan.SAMPLER_ARMS[2])
+    values = [analysis.mean_over_steps("mismatch/kl_k3")(r)
+              for r in write_report.load_arms(runs_root / "sampler")[tis].values()]
+    assert described.startswith(f"| `{tis}` | Mean of mismatch/kl_k3 over the run's steps. | ")
+    assert ", ".join(f"{v:.3g}" for v in values) in described
     assert "Reading the primary" in text  # E2's per-step artefact, beside its verdict
 
 
@@ -280,7 +320,7 @@ def test_an_experiment_not_run_is_listed(tmp_path):
     out = write_report.write(tmp_path / "runs", REPO / "examples" / "findings" / "plan.md",
                              tmp_path / "findings.md")
     assert (out.read_text().count("Not run yet: `make findings-")
-            == len(findings_plan.EXPERIMENTS) == 4)
+            == len(findings_plan.EXPERIMENTS) == 6)
 
 
 def test_the_page_in_git_regenerates_byte_for_byte(tmp_path):
