@@ -59,6 +59,13 @@ def check_int(name: str, value: object, minimum: int) -> int:
     return value
 
 
+def check_bool(name: str, value: object) -> bool:
+    """Validate a true-or-false option ``name`` (YAML's true/false, not 0, 1 or "no")."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 def seeded_shuffle(items: Iterable[T], seed: int) -> list[T]:
     """A copy of ``items`` in an order fixed by ``seed``."""
     shuffled = list(items)

@@ -39,6 +39,7 @@ from typing import Any
 from postrl.envs.base import Step
 from postrl.errors import ConfigError
 from postrl.tasks.arithmetic import (
+    check_bool,
     check_both_splits,
     check_int,
     check_test_fraction,
@@ -132,6 +133,7 @@ class OpenEnvTask(FixedSplits):
         self.options = options
         self.seed = check_int("seed", seed, 0)
         size = check_int("size", size, 2)
+        distinct_starts = check_bool("distinct_starts", distinct_starts)
         self.action = _action_class(self.cls, path)
         self.action_field = _text_field(self.action, action_field, path)
         self.observation_fields = tuple(observation_fields) if observation_fields else None

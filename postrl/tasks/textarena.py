@@ -65,6 +65,7 @@ import numpy as np
 from postrl.envs.base import Step
 from postrl.errors import ConfigError
 from postrl.tasks.arithmetic import (
+    check_bool,
     check_both_splits,
     check_int,
     check_test_fraction,
@@ -235,11 +236,8 @@ class TextArenaTask(FixedSplits):
         self.seed = check_int("seed", seed, 0)
         self.test_fraction = check_test_fraction(test_fraction)
         self.size = check_int("size", size, 2)
-        for option, value in (("partial_credit", partial_credit),
-                              ("distinct_games", distinct_games)):
-            if not isinstance(value, bool):
-                raise ConfigError(f"{option} must be true or false, got {value!r}")
-        self.partial_credit, self.distinct_games = partial_credit, distinct_games
+        self.partial_credit = check_bool("partial_credit", partial_credit)
+        self.distinct_games = check_bool("distinct_games", distinct_games)
         valid = game_parameters(game)
         for option in options:
             if option not in valid:

@@ -73,6 +73,12 @@ def test_what_cannot_be_played_is_refused_by_name(echo_env, path, options, named
 
 
 @needs_openenv
+def test_distinct_starts_takes_true_or_false_only(echo_env):
+    with pytest.raises(ConfigError, match="distinct_starts must be true or false, got 'no'"):
+        load_task(echo_env, size=4, distinct_starts="no")
+
+
+@needs_openenv
 def test_postrl_trains_on_an_openenv_environment_unchanged(echo_env, tmp_path):
     from postrl.train.trainer import Trainer
 
