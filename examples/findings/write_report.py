@@ -224,6 +224,23 @@ def _last(records: Records, metric: str) -> float | None:
     return records[-1].get(metric) if records else None
 
 
+def time_line(runs_root: Path) -> list[str]:
+    """What ``make findings`` took: each part's recorded wall time, and their sum."""
+    parts = []
+    for experiment in EXPERIMENTS:
+        record = runs_root / experiment.name / RUN_RECORD
+        if record.is_file():
+            minutes = json.loads(record.read_text())["wall_seconds"] / 60
+            parts.append((experiment.title.split()[0], minutes))
+    if not parts:
+        return []
+    each = ", ".join(f"{name} {minutes:.0f} min" for name, minutes in parts)
+    missing = len(EXPERIMENTS) - len(parts)
+    rest = f"; {missing} part(s) not run yet" if missing else ""
+    return [f"**Time.** The parts' wall times, as recorded: {each}; "
+            f"{sum(m for _, m in parts) / 60:.1f} hours in all{rest}."]
+
+
 def write(runs_root: Path, plan: Path, out: Path) -> Path:
     """Write ``out`` (docs/findings.md): the plan, then the results of what has run."""
     if not plan.is_file():
@@ -240,6 +257,7 @@ def write(runs_root: Path, plan: Path, out: Path) -> Path:
     if verdicts:
         lines += ["### Verdicts", ""]
         lines += table(["experiment", "claim", "hypothesis", "verdict"], verdicts)
+    lines += ["", *time_line(runs_root)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out

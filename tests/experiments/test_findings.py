@@ -216,7 +216,7 @@ def test_driver_records_command_wall_time_and_prunes_checkpoints_and_weights(run
         assert len(finals) == 2 * len(experiment.arms)
         assert not any((f.parent / "checkpoints").exists() for f in finals)
         assert all((f / "config.json").is_file() for f in finals)  # finished, for --resume
-        assert not any(f.glob("*.safetensors") for f in finals)
+        assert not any(list(f.glob("*.safetensors")) for f in finals)
 
 
 def test_driver_records_each_runs_commit_and_keeps_only_light_files(runs_root, tmp_path):
@@ -300,7 +300,6 @@ def test_report_numbers_equal_the_metrics_files(runs_root, tmp_path):
     cell = ", ".join("–" if v is None else f"{v:.3g}" for v in slopes)
     assert f"| {cell} |" in row
     assert (tmp_path / "docs" / "findings" / "length" / "report.md").is_file()
-    assert "Not run yet" not in text
     verdicts = text[text.index("### Verdicts"):]
     assert "| E3 | GSPO clips far more tokens than GRPO | primary |" in verdicts
     assert "| E3 | yet trains stably" in verdicts  # the stability claim, apart from clipping
@@ -313,6 +312,9 @@ def test_report_numbers_equal_the_metrics_files(runs_root, tmp_path):
     assert described.startswith(f"| `{tis}` | Mean of mismatch/kl_k3 over the run's steps. | ")
     assert ", ".join(f"{v:.3g}" for v in values) in described
     assert "Reading the primary" in text  # E2's per-step artefact, beside its verdict
+    hours = sum(json.loads((runs_root / e.name / "findings.json").read_text())["wall_seconds"]
+                for e in RUNNABLE) / 3600
+    assert f"{hours:.1f} hours in all" in text.splitlines()[-1]
 
 
 def test_an_experiment_not_run_is_listed(tmp_path):
