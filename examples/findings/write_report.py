@@ -199,6 +199,9 @@ def results_section(experiment: Experiment, root: Path,
               "the claim):", ""]
     lines += table(HEADERS, secondary)
     lines += described_table(experiment, arms)
+    if experiment.reading is not None:
+        lines += ["", f"**Reading** (the rule the plan fixed before the runs): "
+                      f"{experiment.reading(outcomes)}"]
     if any("–" in cell for row in rows + secondary for cell in row):
         lines += ["", "–: no value, and the seed is left out of that pair (e.g. the "
                   "gradient-norm ratio of a run whose median gradient norm is 0: most of its "

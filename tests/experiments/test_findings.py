@@ -153,6 +153,32 @@ def test_ratio_warnings_count_the_kinds_diagnose_reports():
     assert analysis.ratio_warnings(rows[:1]) is None  # no step
 
 
+def _sampler_outcomes(finals: dict[int, float]) -> list:
+    """E5's hypotheses tested on runs whose held-out pass@1 ends at ``finals[arm index]``
+    (plus a small per-seed wobble)."""
+    runs = {}
+    for index, arm in enumerate(findings_plan.SAMPLER_ARMS):
+        runs[findings_plan.arm_label(arm)] = {
+            seed: [{"step": 0, "eval/sampled_accuracy": 0.5},
+                   {"step": 1, "eval/sampled_accuracy": finals[index] + 0.01 * (seed % 3)}]
+            for seed in range(6)}
+    return [analysis.test(h, runs) for h in findings_plan.BY_NAME["sampler"].hypotheses]
+
+
+def test_e5s_reading_follows_the_rule_fixed_in_the_plan():
+    reading = findings_plan.sampler_reading
+    # the gap costs accuracy (A below A0) and GSPO recovers it
+    said = reading(_sampler_outcomes({0: 0.6, 1: 0.8, 2: 0.6, 3: 0.8, 4: 0.6}))
+    gspo = findings_plan.arm_label(findings_plan.SAMPLER_ARMS[3])
+    assert said.startswith("sequence-level correction addresses") and f"`{gspo}`" in said
+    # the gap costs accuracy; only TIS recovers it
+    said = reading(_sampler_outcomes({0: 0.6, 1: 0.8, 2: 0.8, 3: 0.6, 4: 0.5}))
+    assert said.startswith("the gap cost held-out accuracy, but neither")
+    # no cost resolved: GSPO's gain is a difference in its own right
+    said = reading(_sampler_outcomes({0: 0.8, 1: 0.8, 2: 0.8, 3: 0.9, 4: 0.8}))
+    assert said.startswith("no cost of the bf16 sampler's gap was resolved")
+
+
 def test_verdicts_follow_the_preregistered_rule():
     rising = {s: _records([10 + s, 20 + s, 30 + s], [1000, 2000, 3000]) for s in range(5)}
     flat = {s: _records([10 + s, 10 + s, 10.5 + s], [1000, 2000, 3000]) for s in range(5)}
@@ -305,6 +331,7 @@ def test_report_numbers_equal_the_metrics_files(runs_root, tmp_path):
     assert "| E3 | yet trains stably" in verdicts  # the stability claim, apart from clipping
     assert verdicts.count("| primary |") == len(RUNNABLE)
     assert text.count("Not run yet") == len(findings_plan.EXPERIMENTS) - len(RUNNABLE)
+    assert "**Reading** (the rule the plan fixed before the runs): " in text  # E5's
     described = text[text.index("**Described**"):].splitlines()[4]  # E5's TIS arm, alone
     tis = findings_plan.arm_label(findings_plan.SAMPLER_ARMS[2])
     values = [analysis.mean_over_steps("mismatch/kl_k3")(r)
