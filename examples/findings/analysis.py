@@ -84,7 +84,7 @@ def grad_norm_spikiness(records: Records) -> float | None:
 
 
 def ratio_warnings(records: Records) -> float | None:
-    """Ratio warnings ``postrl diagnose`` gives the run (heavy tail, clip spike, spread)."""
+    """Ratio warnings postrl diagnose gives the run (heavy tail, clip spike, spread)."""
     from postrl.experiments.diagnose import View, check_ratios
 
     if not steps(records):
