@@ -23,13 +23,14 @@ from typing import Any
 import yaml
 
 from postrl.cliargs import accept_intermixed
-from postrl.components import differing
 from postrl.config import TrainConfig, load_config
 from postrl.config_checks import validate
 from postrl.errors import ConfigError
 from postrl.experiments.disk import check_free_space, disk_plan, drop_weights
 from postrl.experiments.fairness import (
     check_fair,
+    difference_text,
+    setting,
     warn_indistinguishable,
     warn_several_components,
 )
@@ -39,6 +40,7 @@ from postrl.experiments.paired import (
     Finals,
     arm_pairs,
     final_values,
+    format_table,
     paired_cells,
     paired_rows,
     power_note,
@@ -191,24 +193,9 @@ def varied_settings(planned: list[PlannedRun], vary: Sequence[str]) -> dict[str,
     for run in planned:
         if run.spec.label not in settings:
             resolved = run.config.resolved()
-            settings[run.spec.label] = tuple(f"{field}={_setting(resolved, field)}"
+            settings[run.spec.label] = tuple(f"{field}={setting(resolved, field)}"
                                              for field in sorted(vary))
     return settings
-
-
-def _setting(config: dict[str, Any], dotted: str) -> Any:
-    for key in dotted.split("."):
-        config = config.get(key) if isinstance(config, dict) else None
-    return config
-
-
-def difference_text(recipes: dict[str, Recipe], settings: dict[str, tuple[str, ...]],
-                    first: str, second: str) -> str:
-    """What arm ``second`` changes from arm ``first``: its components, then the fields varied
-    on purpose."""
-    varied = [b for a, b in zip(settings.get(first, ()), settings.get(second, ()), strict=True)
-              if a != b]
-    return "; ".join(filter(None, [changes_text(recipes[first], recipes[second]), *varied]))
 
 
 def describe_plan(planned: list[PlannedRun], vary: Sequence[str] = ()) -> list[str]:
@@ -226,26 +213,6 @@ def describe_plan(planned: list[PlannedRun], vary: Sequence[str] = ()) -> list[s
         what = difference_text(by_name, settings, recipes[0].name, recipe.name)
         lines.append(f"  {recipe.name}: " + (what if recipe is not recipes[0] else "baseline"))
     return lines
-
-
-def changes_text(base: Recipe, recipe: Recipe) -> str:
-    """``recipe``'s components that differ from ``base``'s, each as ``title: state``."""
-    return "; ".join(f"{c.title}: {c.describe(recipe)}" for c in differing(base, recipe))
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A plain aligned text table (pasteable into Markdown code blocks)."""
-    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in cells]
-    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "-" if value is None else str(value)
 
 
 COST_HEADERS = ("arm", "seed", "steps", "tokens generated", "of which wasted")

@@ -198,3 +198,24 @@ def warn_several_components(recipes: list[Recipe], consecutive: bool = False) ->
                 f"component; compare one change at a time, or walk them with postrl ladder "
                 f"{before.name} {recipe.name}")
     return warnings
+
+
+def changes_text(base: Recipe, recipe: Recipe) -> str:
+    """``recipe``'s components that differ from ``base``'s, each as ``title: state``."""
+    return "; ".join(f"{c.title}: {c.describe(recipe)}" for c in differing(base, recipe))
+
+
+def setting(config: dict[str, Any], dotted: str) -> Any:
+    """The value of the dotted field ``dotted`` (``lora.r``) in a resolved config."""
+    for key in dotted.split("."):
+        config = config.get(key) if isinstance(config, dict) else None
+    return config
+
+
+def difference_text(recipes: dict[str, Recipe], settings: dict[str, tuple[str, ...]],
+                    first: str, second: str) -> str:
+    """What arm ``second`` changes from arm ``first``: its components, then the fields varied
+    on purpose."""
+    varied = [b for a, b in zip(settings.get(first, ()), settings.get(second, ()), strict=True)
+              if a != b]
+    return "; ".join(filter(None, [changes_text(recipes[first], recipes[second]), *varied]))

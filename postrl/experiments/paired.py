@@ -140,3 +140,18 @@ def seed_rows(finals: Finals, metrics: Sequence[str]) -> tuple[list[str], list[l
             if any(cell != "–" for cell in cells[:-1]):
                 rows.append([metric, label, *cells])
     return ["metric", "arm", *(f"seed {s}" for s in seeds), "mean [95% CI]"], rows
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain aligned text table (pasteable into Markdown code blocks)."""
+    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in cells]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)

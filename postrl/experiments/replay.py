@@ -25,7 +25,8 @@ from torch import Tensor
 from postrl.components import differing
 from postrl.config import load_config
 from postrl.errors import ConfigError
-from postrl.experiments.compare import format_table, parse_recipe_spec
+from postrl.experiments.compare import parse_recipe_spec
+from postrl.experiments.paired import format_table
 from postrl.models import load_policy
 from postrl.models.logprobs import response_logprobs
 from postrl.objectives import BatchCounts, Diagnostics, PolicyLossInputs, policy_loss
