@@ -30,7 +30,7 @@ from postrl.experiments.disk import check_free_space, disk_plan, drop_weights
 from postrl.experiments.fairness import (
     check_fair,
     difference_text,
-    setting,
+    varied_values,
     warn_indistinguishable,
     warn_several_components,
 )
@@ -187,21 +187,21 @@ def labelled_recipes(planned: list[PlannedRun]) -> list[Recipe]:
     return list(recipes.values())
 
 
-def varied_settings(planned: list[PlannedRun], vary: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """Each arm's values of the fields varied on purpose (``--vary``), as ``field=value``."""
-    settings: dict[str, tuple[str, ...]] = {}
+def varied_settings(planned: list[PlannedRun], vary: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each arm's values of the fields varied on purpose (``--vary``), by label."""
+    settings: dict[str, dict[str, Any]] = {}
     for run in planned:
         if run.spec.label not in settings:
-            resolved = run.config.resolved()
-            settings[run.spec.label] = tuple(f"{field}={setting(resolved, field)}"
-                                             for field in sorted(vary))
+            settings[run.spec.label] = varied_values(run.config.resolved(), vary)
     return settings
 
 
-def describe_plan(planned: list[PlannedRun], vary: Sequence[str] = ()) -> list[str]:
-    """What will run: what each arm changes from the first arm."""
+def describe_plan(planned: list[PlannedRun],
+                  settings: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """What will run: what each arm changes from the first arm (``settings``: the fields
+    varied on purpose, :func:`varied_settings`)."""
     recipes = labelled_recipes(planned)
-    by_name, settings = {r.name: r for r in recipes}, varied_settings(planned, vary)
+    by_name, settings = {r.name: r for r in recipes}, settings or {}
     seeds = sorted({run.seed for run in planned})
     cfg = planned[0].config
     stop = (f"token budget {cfg.token_budget}" if cfg.token_budget is not None
@@ -240,7 +240,7 @@ def cost_rows(planned: list[PlannedRun], finals: Finals) -> list[list[Any]]:
 
 
 def summarize(planned: list[PlannedRun], consecutive: bool = False,
-              vary: Sequence[str] = ()) -> str:
+              settings: dict[str, dict[str, Any]] | None = None) -> str:
     """Every seed's final values, then each pair of arms' paired differences with the
     components (and fields varied on purpose) that differ between the two."""
     finals = finals_of(planned)
@@ -249,7 +249,7 @@ def summarize(planned: list[PlannedRun], consecutive: bool = False,
              format_table(COST_HEADERS, cost_rows(planned, finals)),
              "", "final values per seed:", format_table(headers, rows)]
     recipes = {recipe.name: recipe for recipe in labelled_recipes(planned)}
-    settings = varied_settings(planned, vary)
+    settings = settings or {}
     paired = paired_rows(finals, FINAL_METRICS, consecutive)
     for first, second in arm_pairs(list(finals), consecutive):
         what = (difference_text(recipes, settings, first, second)
@@ -277,8 +277,8 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
         for run in planned:
             run.config.resume = "auto"
     check_run_dirs_free(planned)
-    vary = tuple(args.vary or ())
-    print("\n".join(describe_plan(planned, vary)))
+    settings = varied_settings(planned, args.vary or ())
+    print("\n".join(describe_plan(planned, settings)))
     to_train = [run.config for run in planned if run not in done]
     if to_train:
         needed, disk_line = disk_plan(to_train, args.keep_checkpoints, not args.drop_weights)
@@ -287,8 +287,7 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
             check_free_space(out, needed, disk_line)
     recipes = labelled_recipes(planned)
     warnings = (warn_several_components(recipes, consecutive=args.command_name == "ladder")
-                + warn_indistinguishable(recipes, planned[0].config.updates_per_batch,
-                                         varied_settings(planned, vary)))
+                + warn_indistinguishable(recipes, planned[0].config.updates_per_batch, settings))
     if planned[0].config.token_budget is None:
         warnings.append("no token budget: runs stop on steps, so a recipe that generates more "
                         "per step (longer answers, dynamic sampling) also spends more tokens; "
@@ -313,7 +312,7 @@ def run_comparison(specs: list[RunSpec], args: argparse.Namespace) -> int:
         if args.drop_weights:
             drop_weights(run.config.run_dir() / "final")
         gc.collect()  # free the finished run's model, optimizer and reference before the next
-    print(summarize(planned, consecutive=args.command_name == "ladder", vary=vary))
+    print(summarize(planned, consecutive=args.command_name == "ladder", settings=settings))
     from postrl.experiments.report import write_report  # matplotlib: only when reporting
 
     written = write_report([out], out)  # reads comparison.json: arm order, ladder pairs

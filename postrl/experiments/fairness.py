@@ -127,11 +127,11 @@ def _schedule_text(updates_per_batch: int) -> str:
 
 
 def warn_indistinguishable(recipes: list[Recipe], updates_per_batch: int,
-                           settings: Mapping[str, tuple] | None = None) -> list[str]:
+                           settings: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """Warnings for compared recipes that cannot differ under the schedule.
 
-    Recipes with identical components and the same ``settings`` (each recipe's values of the
-    config fields varied on purpose, by name) only measure seed noise. With one update per batch
+    Recipes with identical components and the same ``settings`` (each recipe's
+    :func:`varied_values`, by name) only measure seed noise. With one update per batch
     (on-policy) ratio units, clip ranges and dual-clip are inert, except the entropy-guided
     hybrid mixing, which reweights tokens within a response even on-policy.
     """
@@ -140,7 +140,8 @@ def warn_indistinguishable(recipes: list[Recipe], updates_per_batch: int,
     groups: dict[tuple, list[Recipe]] = {}
     for recipe in recipes:
         key = on_policy_key(recipe) if on_policy else tuple(c.state(recipe) for c in COMPONENTS)
-        groups.setdefault(((settings or {}).get(recipe.name, ()), key), []).append(recipe)
+        varied = repr(sorted((settings or {}).get(recipe.name, {}).items()))
+        groups.setdefault((varied, key), []).append(recipe)
     for members in groups.values():
         if len(members) < 2:
             continue
@@ -205,17 +206,17 @@ def changes_text(base: Recipe, recipe: Recipe) -> str:
     return "; ".join(f"{c.title}: {c.describe(recipe)}" for c in differing(base, recipe))
 
 
-def setting(config: dict[str, Any], dotted: str) -> Any:
-    """The value of the dotted field ``dotted`` (``lora.r``) in a resolved config."""
-    for key in dotted.split("."):
-        config = config.get(key) if isinstance(config, dict) else None
-    return config
+def varied_values(config: Mapping[str, Any], vary: Iterable[str]) -> dict[str, Any]:
+    """``config``'s fields varied on purpose (``--vary``; a name covers its dotted fields), as
+    ``{dotted field: value}``."""
+    return {field: value for field, value in _flatten(config).items() if _is_varied(field, vary)}
 
 
-def difference_text(recipes: dict[str, Recipe], settings: dict[str, tuple[str, ...]],
+def difference_text(recipes: Mapping[str, Recipe], settings: Mapping[str, Mapping[str, Any]],
                     first: str, second: str) -> str:
     """What arm ``second`` changes from arm ``first``: its components, then the fields varied
-    on purpose."""
-    varied = [b for a, b in zip(settings.get(first, ()), settings.get(second, ()), strict=True)
-              if a != b]
+    on purpose (``settings``: each arm's :func:`varied_values`)."""
+    mine, theirs = settings.get(first, {}), settings.get(second, {})
+    varied = [f"{field}={value}" for field, value in theirs.items()
+              if field not in mine or mine[field] != value]
     return "; ".join(filter(None, [changes_text(recipes[first], recipes[second]), *varied]))

@@ -110,9 +110,9 @@ def test_dual_clip_and_identical_components_warn_and_partly_inert_differences_ar
 def test_arms_apart_in_a_varied_field_are_not_called_a_noise_floor():
     grpo = get_recipe("grpo")
     twin = grpo.with_(name="g2")
-    settings = {"grpo": ("sampler_precision=bf16",), "g2": ("sampler_precision=fp32",)}
+    settings = {"grpo": {"sampler_precision": "bf16"}, "g2": {"sampler_precision": "fp32"}}
     assert warn_indistinguishable([grpo, twin], 4, settings) == []
-    same = {"grpo": ("sampler_precision=bf16",), "g2": ("sampler_precision=bf16",)}
+    same = {"grpo": {"sampler_precision": "bf16"}, "g2": {"sampler_precision": "bf16"}}
     assert "identical components" in warn_indistinguishable([grpo, twin], 4, same)[0]
 
 
