@@ -292,8 +292,9 @@ class Trainer:
             timings["sync"] = time.perf_counter() - t
         self._guard(update_metrics.pop("guard/skipped_updates", 0.0) > 0, update_metrics)
         with warnings.catch_warnings():
-            if self.cluster is not None:  # here the optimizer holds the schedule; workers step
-                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
+            # the schedule counts steps: one with no rows left, whose updates the guard
+            # skipped, or (with Ray) whose optimizer stepped on the workers, still counts
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
             self.scheduler.step()
         self.state.step += 1
         self.schedule.publish(self.step, self.lm)  # the weights due to draw a later batch
