@@ -92,6 +92,19 @@ def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def _signal_name(stop: KeyboardInterrupt) -> str:
+    """The signal that stopped a command: SIGTERM from ``_interrupt``, else Ctrl-C's SIGINT
+    (a KeyboardInterrupt raised by other code counts as Ctrl-C)."""
+    signalled = stop.args and stop.args[0] in signal.Signals.__members__
+    return stop.args[0] if signalled else "SIGINT"
+
+
+# How an interrupted command's work continues, for the commands whose work can
+_RESUMABLE = ("finished runs are kept; the same command with --resume skips them and "
+              "continues the others from their newest checkpoint, if they saved one")
+CONTINUE_HINTS = {"compare": _RESUMABLE, "ladder": _RESUMABLE}
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from postrl.config import load_config
     from postrl.train.trainer import Trainer
@@ -100,22 +113,17 @@ def cmd_train(args: argparse.Namespace) -> int:
                  if getattr(args, key) is not None] + list(args.overrides)
     cfg = load_config(args.config, overrides)
     trainer = None
-    # a scheduler's SIGTERM (preemption, a time limit) stops the run like Ctrl-C does
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         trainer = Trainer(cfg)
         metrics = trainer.train()
     except KeyboardInterrupt as stop:
         from postrl.train.resume import interrupted_note
 
-        signalled = stop.args and stop.args[0] in signal.Signals.__members__
-        name = stop.args[0] if signalled else "SIGINT"  # Ctrl-C, or KeyboardInterrupt raised
+        name = _signal_name(stop)
         note = (interrupted_note(None, cfg.save_every) if trainer is None else
                 interrupted_note(trainer.run, cfg.save_every, trainer.restored_earlier))
         print(f"postrl: interrupted ({name}); {note}", file=sys.stderr)
         return 128 + signal.Signals[name]
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     final = cfg.run_dir() / "final"
     print(f"saved {final}  (reward/mean {metrics.get('reward/mean', float('nan')):.3f}, "
           f"{int(metrics.get('rollout/tokens_generated', 0))} tokens generated)")
@@ -192,11 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # a scheduler's SIGTERM (preemption, a time limit) stops any command as Ctrl-C does:
+    # with a line saying what is kept, and the finally blocks on the way run
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.func(args)
     except PostRLError as err:
@@ -204,11 +212,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"postrl: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if args.debug:
             raise
-        print(f"postrl: interrupted ({args.command})", file=sys.stderr)
-        return INTERRUPTED
+        name = _signal_name(stop)
+        hint = CONTINUE_HINTS.get(args.command)
+        print(f"postrl: {args.command} interrupted ({name})" + (f"; {hint}" if hint else ""),
+              file=sys.stderr)
+        return 128 + signal.Signals[name]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

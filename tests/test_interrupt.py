@@ -87,3 +87,34 @@ def test_a_keyboard_interrupt_raised_by_other_code_counts_as_ctrl_c(tmp_path, ca
     err = capsys.readouterr().err
     assert code == 130 and err.startswith("postrl: interrupted (SIGINT); "), err
     assert "Traceback" not in err
+
+
+def test_sigterm_stops_a_comparison_which_resume_continues(tmp_path, capsys):
+    """Any command stops on SIGTERM as train does; compare's line says how to continue."""
+    out = tmp_path / "cmp"
+    run = out / "grpo" / "s0"
+    argv = ["compare", "grpo", "--seeds", "1", "--out", str(out), "model=tiny", *TINY[2:],
+            "save_every=1"]
+
+    def terminate_after_two_steps():
+        deadline = time.monotonic() + 300
+        while len(logged_steps(run)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    killer = threading.Thread(target=terminate_after_two_steps, daemon=True)
+    killer.start()
+    code = main([*argv, "steps=10000"])
+    killer.join()
+    err = capsys.readouterr().err
+    assert code == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1].startswith(
+        "postrl: compare interrupted (SIGTERM); finished runs are kept; the same command "
+        "with --resume"), err
+    assert "Traceback" not in err and signal.getsignal(signal.SIGTERM) is before
+
+    done = logged_steps(run)[-1]
+    assert main([*argv, f"steps={done + 1}", "--resume"]) == 0
+    assert logged_steps(run) == list(range(1, done + 2))
+    assert (run / "final" / "config.json").is_file()

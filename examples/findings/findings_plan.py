@@ -25,6 +25,7 @@ import argparse
 import json
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -235,8 +236,23 @@ def select(names: list[str] | None) -> list[Experiment]:
 
 
 def launch(argv: list[str]) -> int:
-    """``postrl ARGV`` in a fresh process (each experiment starts from a clean interpreter)."""
-    return subprocess.call([sys.executable, "-m", "postrl.cli", *argv])
+    """``postrl ARGV`` in a fresh process (each experiment starts from a clean interpreter).
+
+    The child runs in its own session, and a Ctrl-C or SIGTERM sent to this driver is passed
+    on to it once: the child stops as the CLI stops on one (its run saves what it can), and
+    only then does the driver record what finished. Without this a SIGTERM would end the
+    driver and leave the comparison running unseen."""
+    child = subprocess.Popen([sys.executable, "-m", "postrl.cli", *argv], start_new_session=True)
+
+    def forward(signum: int, frame) -> None:
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_names(experiment: Experiment) -> list[str]:
@@ -295,7 +311,8 @@ def run_one(experiment: Experiment, out_root: Path, dry_run: bool = False,
             record_progress(out, experiment.name, argv, seconds, runs,
                             dict.fromkeys(done, commit if end == commit else f"{commit}..{end}"))
     if code != 0:
-        raise SystemExit(f"findings_plan: experiment {experiment.name} failed (exit {code}); "
+        how = "was interrupted" if code in (130, 143) else "failed"
+        raise SystemExit(f"findings_plan: experiment {experiment.name} {how} (exit {code}); "
                          "run the same command again to continue it")
     if not dry_run and results is not None:
         keep(out, results / experiment.name, runs)

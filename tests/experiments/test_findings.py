@@ -4,7 +4,11 @@ turns real (tiny-model) runs into docs/findings.md with numbers equal to the run
 
 import importlib.util
 import json
+import os
+import signal
 import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -300,6 +304,32 @@ def test_an_interrupted_part_records_the_runs_it_finished_and_its_time(tmp_path,
     assert record["commits"] == {**dict.fromkeys(runs[:2], "aaa..bbb"),
                                  **dict.fromkeys(runs[2:], "ccc")}
     assert list(record["commits"]) == runs and record["wall_seconds"] >= first
+
+
+def test_a_sigterm_to_the_driver_stops_its_child_which_saves_first(tmp_path, capfd):
+    """The driver passes SIGTERM on to its ``postrl`` process and outlives it, so the run
+    says what it saved and the driver can record what finished (not left running unseen)."""
+    run = tmp_path / "run"
+
+    def terminate_after_two_steps():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and (
+                not (run / "metrics.jsonl").is_file()
+                or len((run / "metrics.jsonl").read_text().splitlines()) < 2):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    killer = threading.Thread(target=terminate_after_two_steps, daemon=True)
+    killer.start()
+    code = findings_plan.launch(["train", "--model", "tiny", "--steps", "10000", "--out",
+                                 str(run), "prompts_per_step=1", "group_size=2",
+                                 "max_new_tokens=4", "save_every=1", "quiet=true"])
+    killer.join()
+    assert code == 128 + signal.SIGTERM
+    assert "postrl: interrupted (SIGTERM); " in capfd.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert sorted((run / "checkpoints").glob("step_*"))  # the child saved before it stopped
 
 
 def test_rerunning_a_finished_part_keeps_every_run(runs_root, monkeypatch, capsys):
