@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray")
 import postrl  # noqa: E402
 from postrl.cli import main  # noqa: E402
 from postrl.config import load_config  # noqa: E402
+from postrl.telemetry import read_metrics  # noqa: E402
 from postrl.train.distributed.failures import WorkerError  # noqa: E402
 from postrl.train.replicas import merge_replicas  # noqa: E402
 from postrl.train.scorers import TokenScorer  # noqa: E402
@@ -28,8 +29,8 @@ from postrl.train.update import Trainable, UpdateSettings, run_updates  # noqa: 
 REWARDS = Path(__file__).parents[1] / "train" / "rewards_for_tests.py"
 NOT_COMPARED = ("time/", "throughput/", "memory/", "async/queue_wait_s",
                 "async/sampler_idle_s", "async/trainer_idle_s",  # vary from run to run
-                # one process continues an episode's cache from turn to turn, Ray's workers
-                # prefill every turn whole (docs/environments.md): same samples, other cost
+                # both continue an episode's cache from turn to turn, but a worker's smaller
+                # batch recomputes fewer kept tokens (postrl.rollout.kept_turns): checked apart
                 "rollout/prefill_tokens")
 RAY = ["launcher=ray", "rollout_workers=2", "train_workers=2", "worker_cpus=0.5"]
 # float sums in another order (each worker arranges its own share into micro-batches): the
@@ -121,6 +122,10 @@ def test_two_actors_and_two_workers_reproduce_one_process(tmp_path, recipe, scal
         distributed.train()
         if both == EPISODES:
             assert any(r["episode/turns_mean"] > 1 for r in metrics(out))
+            # later turns reach the worker that keeps their episode: never more prefill
+            prefilled = [[r["rollout/prefill_tokens"] for r in read_metrics(run / "metrics.jsonl")]
+                         for run in (out, tmp_path / "single")]
+            assert all(a <= b for a, b in zip(*prefilled, strict=True)), prefilled
         if both == STALE:
             assert [r["async/staleness_max"] for r in metrics(out)] == [0, 1, 2]
         if both == ONE_UPDATE:  # the path is taken (tests/train/test_update.py: which rows)

@@ -6,7 +6,7 @@ import torch
 
 from postrl.objectives import Diagnostics
 from postrl.rollout import HFRolloutEngine, SamplingParams
-from postrl.train.distributed.rollout import cat_rollouts, prompt_slices
+from postrl.train.distributed.rollout import cat_rollouts, follow_turns, prompt_slices
 from postrl.train.replicas import RoundResult, merge_replicas, replica_micro_batches
 
 
@@ -16,6 +16,22 @@ def test_prompt_slices_cover_every_prompt_once_in_order(prompts, workers):
     assert [i for start, stop in slices for i in range(start, stop)] == list(range(prompts))
     sizes = [stop - start for start, stop in slices]
     assert all(sizes) and max(sizes) - min(sizes) <= 1 and len(slices) == min(prompts, workers)
+
+
+def test_a_later_turn_goes_to_the_worker_that_had_its_episode():
+    """Turn 0 gave prompts [1] and [2] (3 episodes each) to worker 0, [3] to worker 1; at the
+    next turn the running episodes' prompts extend those: each reaches its worker, and an
+    empty share keeps its place (worker 0 below, once its episodes have ended)."""
+    previous = [[[1], [2]], [[3]]]
+    running = [[1, 7, 8], [1, 9], [2, 5], [3, 4], [3, 6, 6]]
+    assert follow_turns(previous, running) == [(0, 3), (3, 5)]
+    assert follow_turns(previous, [[3, 4], [3, 6, 6]]) == [(0, 0), (0, 2)]
+    # a prompt that extends none follows the one before it
+    assert follow_turns(previous, [[1, 7], [9, 9], [3, 1]]) == [(0, 2), (2, 3)]
+    # out of order, a prompt is not followed back: shares stay contiguous
+    assert follow_turns(previous, [[3, 1], [1, 2]]) == [(0, 0), (0, 2)]
+    # three workers, the middle one without running episodes
+    assert follow_turns([[[1]], [[2]], [[3]]], [[1, 1], [3, 3]]) == [(0, 1), (1, 1), (1, 2)]
 
 
 @pytest.mark.parametrize("rows, size, micro", [(8, 2, 3), (5, 2, 2), (3, 3, 8), (7, 3, 1)])

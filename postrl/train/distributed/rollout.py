@@ -10,7 +10,8 @@ Ray is imported only where it is used: :class:`RolloutWorker` runs without it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -36,6 +37,34 @@ def prompt_slices(prompts: int, workers: int) -> list[tuple[int, int]]:
             bounds.append((start, stop))
         start = stop
     return bounds
+
+
+def follow_turns(previous: list[list[list[int]]], prompts: list[list[int]]
+                 ) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each worker's share of ``prompts`` (one per worker, maybe empty):
+    each prompt goes to the worker that had the previous call's prompt it extends, so an
+    episode's next turn reaches the worker that keeps its context. ``previous[w]`` is what
+    worker ``w`` was given last, in call order.
+
+    Episodes keep their order from turn to turn (``postrl.rollout.episodes``), so one walk
+    forward over the previous prompts finds each prompt's, and the shares are contiguous. A
+    prompt that extends none (or none after the last one found) follows the one before it:
+    it is then prefilled whole, and sampled as anywhere else."""
+    earlier = [(worker, p) for worker, given in enumerate(previous) for p in given]
+    owners, at = [], 0
+    for prompt in prompts:
+        found = next((i for i in range(at, len(earlier)) if _extends(prompt, earlier[i][1])),
+                     None)
+        if found is not None:
+            at = found
+        owners.append(earlier[found][0] if found is not None else owners[-1] if owners else 0)
+    # owners never decrease: worker w's share runs from the first owner >= w to the first > w
+    return [(sum(o < w for o in owners), sum(o <= w for o in owners))
+            for w in range(len(previous))]
+
+
+def _extends(prompt: list[int], earlier: list[int]) -> bool:
+    return len(earlier) <= len(prompt) and prompt[:len(earlier)] == earlier
 
 
 def cat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
@@ -88,6 +117,7 @@ class RolloutWorker:
         self.engine, self._load = build_engine(cfg, policy_state)
         self.channel: WeightChannel | None = None  # weight_sync=broadcast
         self.buckets: list[Layout] = []
+        self.turns = ExitStack()  # open between open_turns and close_turns
 
     def pid(self) -> int:
         return os.getpid()
@@ -99,6 +129,16 @@ class RolloutWorker:
                  seed: int, first_prompt: int) -> Rollouts:
         return self.engine.generate(prompt_ids, group_size, params, seed,
                                     first_prompt=first_prompt)
+
+    def open_turns(self) -> None:
+        """Keep each call's rows for the next (the engine's ``keeping_turns``, where it has
+        one: vLLM keeps them by its own prefix caching)."""
+        keeping = getattr(self.engine, "keeping_turns", None)
+        if keeping is not None:
+            self.turns.enter_context(keeping())
+
+    def close_turns(self) -> None:
+        self.turns.close()
 
     def load_weights(self, weights: dict) -> None:
         self._load(weights)
@@ -126,14 +166,38 @@ class RolloutPool:
         self.pad_id = pad_id
         self.names = [f"rollout worker {i + 1}/{len(actors)}" for i in range(len(actors))]
         self.resume_hint = resume_hint
+        self.previous: list[list[list[int]]] | None = None  # within keeping_turns()
+
+    @contextmanager
+    def keeping_turns(self) -> Iterator[None]:
+        """Within it, a prompt that extends one of the previous call's goes to the worker
+        that had it, which keeps that row's context (``HFRolloutEngine.keeping_turns``): an
+        episode's later turns prefill only what is new, as in one process. The shares stay
+        contiguous, so prompt ``i`` keeps its sampling key ``(seed, first_prompt + i)``."""
+        gather([a.open_turns.remote() for a in self.actors], self.names, self.resume_hint)
+        self.previous = [[] for _ in self.actors]
+        try:
+            yield
+        finally:
+            self.previous = None
+            gather([a.close_turns.remote() for a in self.actors], self.names,
+                   self.resume_hint)
 
     def generate(self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams,
                  seed: int, first_prompt: int = 0) -> Rollouts:
-        slices = prompt_slices(len(prompt_ids), len(self.actors))
-        futures = [actor.generate.remote(prompt_ids[start:stop], group_size, params, seed,
-                                         first_prompt + start)
-                   for actor, (start, stop) in zip(self.actors, slices, strict=False)]
-        parts = gather(futures, self.names[: len(futures)], self.resume_hint)
+        if self.previous is not None and any(self.previous):
+            bounds = follow_turns(self.previous, prompt_ids)
+        else:  # empty slices come last: an actor's index is its slice's
+            bounds = prompt_slices(len(prompt_ids), len(self.actors))
+        shares = [(i, (start, stop)) for i, (start, stop) in enumerate(bounds) if stop > start]
+        futures = [self.actors[i].generate.remote(prompt_ids[start:stop], group_size, params,
+                                                  seed, first_prompt + start)
+                   for i, (start, stop) in shares]
+        parts = gather(futures, [self.names[i] for i, _ in shares], self.resume_hint)
+        if self.previous is not None:
+            self.previous = [[] for _ in self.actors]
+            for i, (start, stop) in shares:
+                self.previous[i] = [list(p) for p in prompt_ids[start:stop]]
         return cat_rollouts(parts, self.pad_id)
 
     def load_weights(self, weights: Any) -> None:
