@@ -24,6 +24,19 @@ def logged_steps(run: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
 
 
+def sigterm_after_two_steps(run: Path) -> threading.Thread:
+    """A started thread that sends this process SIGTERM once ``run`` has logged two steps."""
+    def terminate():
+        deadline = time.monotonic() + 300
+        while len(logged_steps(run)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=terminate, daemon=True)
+    killer.start()
+    return killer
+
+
 def test_ctrl_c_says_what_was_saved_and_resume_continues(tmp_path):
     run = tmp_path / "run"
     child = subprocess.Popen(
@@ -57,15 +70,8 @@ def test_sigterm_stops_like_ctrl_c(tmp_path, capsys):
     """In this process: a thread sends SIGTERM once two steps are logged."""
     run = tmp_path / "run"
 
-    def terminate_after_two_steps():
-        deadline = time.monotonic() + 300
-        while len(logged_steps(run)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGTERM)
-
     before = signal.getsignal(signal.SIGTERM)
-    killer = threading.Thread(target=terminate_after_two_steps, daemon=True)
-    killer.start()
+    killer = sigterm_after_two_steps(run)
     code = main(["train", *TINY, "--steps", "10000", "--out", str(run)])
     killer.join()
     err = capsys.readouterr().err
@@ -96,15 +102,8 @@ def test_sigterm_stops_a_comparison_which_resume_continues(tmp_path, capsys):
     argv = ["compare", "grpo", "--seeds", "1", "--out", str(out), "model=tiny", *TINY[2:],
             "save_every=1"]
 
-    def terminate_after_two_steps():
-        deadline = time.monotonic() + 300
-        while len(logged_steps(run)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGTERM)
-
     before = signal.getsignal(signal.SIGTERM)
-    killer = threading.Thread(target=terminate_after_two_steps, daemon=True)
-    killer.start()
+    killer = sigterm_after_two_steps(run)
     code = main([*argv, "steps=10000"])
     killer.join()
     err = capsys.readouterr().err
