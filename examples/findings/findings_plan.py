@@ -239,7 +239,7 @@ def launch(argv: list[str]) -> int:
     """``postrl ARGV`` in a fresh process (each experiment starts from a clean interpreter).
 
     The child runs in its own session, and a Ctrl-C or SIGTERM sent to this driver is passed
-    on to it once: the child stops as the CLI stops on one (its run saves what it can), and
+    on to it: the child stops as the CLI stops on one (its run saves what it can), and
     only then does the driver record what finished. Without this a SIGTERM would end the
     driver and leave the comparison running unseen."""
     child = subprocess.Popen([sys.executable, "-m", "postrl.cli", *argv], start_new_session=True)
