@@ -7,6 +7,7 @@
 #               and PPO (a critic) in bf16-master
 #   smollm2-*   the same on a randomly initialised SmolLM2-135M-shaped model, 64 and 256 tokens
 #   ray-*       only where Ray imports: launcher=ray with 1+1 actors sharing the GPU
+#               (DDP, FSDP2, and multi-turn episodes)
 # Every stage runs under its own `timeout`, and none starts past the whole check's budget
 # ($GPU_CHECK_BUDGET seconds, default 540); each training stage asserts its models ran on
 # CUDA and prints one JSON line (step time, tokens/s, peak memory: bench/gpu_train.py).
@@ -118,6 +119,10 @@ if python3 -c "import ray" 2>/dev/null; then
         stage "ray-$parallel" 120 python3 -m postrl.cli train "${RUN[@]}" \
             "out=$LOGS/ray-$parallel" "train_parallel=$parallel"
     done
+    # multi-turn episodes: later turns reach the actor that keeps their context (CUDA forward)
+    stage "ray-episodes" 120 python3 -m postrl.cli train "${RUN[@]}" "out=$LOGS/ray-episodes" \
+        task=guess_number max_turns=3 "stop=[e]" max_new_tokens=12 \
+        "rewards=[environment, $ROOT/tests/train/rewards_for_tests.py:length_parity]"
 else
     SUMMARY+=("SKIP ray-* (Ray is not installed here)")
 fi
