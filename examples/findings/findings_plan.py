@@ -311,7 +311,8 @@ def run_one(experiment: Experiment, out_root: Path, dry_run: bool = False,
             record_progress(out, experiment.name, argv, seconds, runs,
                             dict.fromkeys(done, commit if end == commit else f"{commit}..{end}"))
     if code != 0:
-        how = "was interrupted" if code in (130, 143) else "failed"
+        stopped = {128 + signal.SIGINT, 128 + signal.SIGTERM}  # the CLI's exits on Ctrl-C, SIGTERM
+        how = "was interrupted" if code in stopped else "failed"
         raise SystemExit(f"findings_plan: experiment {experiment.name} {how} (exit {code}); "
                          "run the same command again to continue it")
     if not dry_run and results is not None:

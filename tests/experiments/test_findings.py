@@ -4,11 +4,8 @@ turns real (tiny-model) runs into docs/findings.md with numbers equal to the run
 
 import importlib.util
 import json
-import os
 import signal
 import sys
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +14,7 @@ from scipy import stats as scipy_stats
 
 from postrl.cli import main as postrl_main
 from postrl.config import load_config
+from tests.test_interrupt import sigterm_after_two_steps
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples" / "findings"))
@@ -310,18 +308,8 @@ def test_a_sigterm_to_the_driver_stops_its_child_which_saves_first(tmp_path, cap
     """The driver passes SIGTERM on to its ``postrl`` process and outlives it, so the run
     says what it saved and the driver can record what finished (not left running unseen)."""
     run = tmp_path / "run"
-
-    def terminate_after_two_steps():
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and (
-                not (run / "metrics.jsonl").is_file()
-                or len((run / "metrics.jsonl").read_text().splitlines()) < 2):
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
-
     before = signal.getsignal(signal.SIGTERM)
-    killer = threading.Thread(target=terminate_after_two_steps, daemon=True)
-    killer.start()
+    killer = sigterm_after_two_steps(run)
     code = findings_plan.launch(["train", "--model", "tiny", "--steps", "10000", "--out",
                                  str(run), "prompts_per_step=1", "group_size=2",
                                  "max_new_tokens=4", "save_every=1", "quiet=true"])
