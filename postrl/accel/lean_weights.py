@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from postrl.accel.native import AMX_INPUTS, LayerPointers, NativeKernels, native_kernels
 from postrl.models.adapters import effective_linear
-from postrl.models.precision import cpu_has_fast_bf16
+from postrl.models.precision import onednn_runs_bf16
 
 # The dtypes whose work between the linears runs postrl's kernels (``decode.c``). Measured on
 # the AMX machine (SmolLM2, 4 prompts x 8, 64 new tokens; docs/performance.md): a bf16
@@ -86,7 +86,7 @@ def _packable(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     if dtype == torch.bfloat16:
-        return cpu_has_fast_bf16()
+        return onednn_runs_bf16()
     if dtype == torch.float16:
         return torch.ops.mkldnn._is_mkldnn_fp16_supported()
     return dtype == torch.float32

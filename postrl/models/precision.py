@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -100,8 +101,9 @@ class MasterWeights:
             w.copy_(m)
 
 
-def cpu_has_fast_bf16() -> bool:
-    """oneDNN is there and runs bf16 on this CPU (AVX-512 or AMX)."""
+def onednn_runs_bf16() -> bool:
+    """oneDNN is there and takes bf16 on this CPU (AVX-512 or AMX): it packs bf16 weights,
+    natively fast or not."""
     try:
         return (torch.backends.mkldnn.is_available()
                 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -109,15 +111,40 @@ def cpu_has_fast_bf16() -> bool:
         return False
 
 
+def cpu_bf16_instructions() -> bool:
+    """The CPU multiplies bf16 natively: AVX512-BF16 or AMX tiles (cpuinfo, through
+    ``torch.cpu``; /proc/cpuinfo's flags where that is missing)."""
+    checks = [getattr(torch.cpu, name, None)
+              for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if all(callable(check) for check in checks):
+        return any(check() for check in checks)
+    try:  # pragma: no cover - a torch without the checks
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_has_fast_bf16() -> bool:
+    """bf16 matmuls run faster than float32 here: oneDNN takes them and the CPU has bf16
+    instructions. On AVX-512 without them oneDNN converts to float32 inside its kernels:
+    61 against 333 GFLOP/s for float32 on a 2-core Xeon with AVX-512F alone (bench/log.md)."""
+    return onednn_runs_bf16() and cpu_bf16_instructions()
+
+
 def cpu_bf16_reason() -> str | None:
-    """Why bf16 matmuls are slow on this CPU; None where PyTorch has fast kernels for them.
+    """Why bf16 matmuls are slow on this CPU; None where they are fast.
 
     PyTorch runs bf16 matmuls on the CPU through oneDNN where oneDNN supports bf16 on the CPU
     (AVX-512; natively with AVX512-BF16 or AMX) and through generic fallback kernels elsewhere.
-    On a CPU with AVX2 only those measured several times slower than float32
-    (bench/log.md)."""
+    On a CPU with AVX2 only those measured several times slower than float32, and on AVX-512
+    without bf16 instructions oneDNN's emulated kernels 5x slower (bench/log.md)."""
     if cpu_has_fast_bf16():
         return None
+    if onednn_runs_bf16():
+        return ("this CPU has AVX-512 but no bf16 instructions (AVX512-BF16 or AMX), so "
+                "oneDNN emulates bf16 matmuls, several times slower than float32 (5x on a "
+                "Xeon with AVX-512F alone)")
     return (f"this CPU has no fast bf16 matmuls (PyTorch's CPU capability: "
             f"{torch.backends.cpu.get_cpu_capability()}; oneDNN's bf16 kernels need AVX-512 or "
             "AMX), so bf16 matmuls run in generic fallback kernels, several times slower "

@@ -4,12 +4,15 @@ Two trainings writing into one ``out`` interleave their metrics and overwrite ea
 config and final model. :class:`RunLock` holds an exclusive ``flock`` on ``RUN/.postrl.lock``
 for as long as a training writes there; the holder's pid is written into the file so that a
 second training is refused with a message naming it. The kernel drops the lock when its holder
-dies, even by SIGKILL, so no stale lock ever needs clearing by hand. Where ``fcntl`` is missing
-(Windows), runs are not locked.
+dies, even by SIGKILL, so no stale lock ever needs clearing by hand. Within one process, a lock
+whose holder was dropped without closing (a notebook's earlier ``Trainer``) is released when the
+holder is collected: :meth:`acquire` collects garbage once before it refuses this process's own
+lock. Where ``fcntl`` is missing (Windows), runs are not locked.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -40,16 +43,28 @@ class RunLock:
         except OSError as err:
             raise ConfigError(f"out={str(directory)!r}: cannot create its lock file "
                               f"{LOCK_FILE}: {err.strerror or err}") from err
-        if fcntl is not None:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                handle.seek(0)
-                holder = handle.read().strip() or "unknown"
+        if fcntl is not None and not _locked(handle):
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            if holder == str(os.getpid()):  # this process's: a holder no one references?
+                gc.collect()
+                if _locked(handle):
+                    return cls._written(directory, handle)
                 handle.close()
                 raise ConfigError(
-                    f"run directory {directory} is in use by another training (pid {holder}); "
-                    "wait for it to finish, or choose another out") from None
+                    f"run directory {directory} is in use by another training in this process "
+                    f"(pid {holder}): a Trainer still referenced and not closed; close it "
+                    "first (trainer.close(), or a `with Trainer(cfg)` block), or choose "
+                    "another out")
+            handle.close()
+            raise ConfigError(
+                f"run directory {directory} is in use by another training (pid {holder}); "
+                "wait for it to finish, or choose another out")
+        return cls._written(directory, handle)
+
+    @classmethod
+    def _written(cls, directory: Path, handle) -> RunLock:
+        """The lock, with this process's pid written into its file."""
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
@@ -69,3 +84,12 @@ class RunLock:
     @property
     def held(self) -> bool:
         return self._handle is not None
+
+
+def _locked(handle) -> bool:
+    """Take the exclusive lock on ``handle``'s file without waiting; False if another holds it."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
+import weakref
 
 import torch
 
@@ -66,6 +67,10 @@ class TrainingError(PostRLError):
 
 
 class Trainer:
+    """One run: ``train()`` trains it to its end, ``train_step()`` one step at a time. It
+    holds its run directory's lock until ``close()`` (which ``train()`` and a ``with`` block
+    call) or until it is collected."""
+
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         self.recipe = cfg.build_recipe()
@@ -85,6 +90,8 @@ class Trainer:
         seed_everything(cfg.seed)
         self._load_inputs()  # every input is checked before the run directory is touched
         self.lock = RunLock.acquire(cfg.run_dir())
+        # a trainer dropped without close() (a notebook's, a script's) unlocks when collected
+        weakref.finalize(self, self.lock.release)
         self.restored_earlier = False  # an overwritten run put back (close)
         try:
             self.run = RunDir.create(cfg.run_dir(), overwrite=cfg.overwrite,
@@ -158,7 +165,10 @@ class Trainer:
 
     def close(self, failed: bool = False) -> None:
         """Stop the workers and unlock the run directory. ``failed`` before the first step
-        was logged puts back an earlier run that ``overwrite`` was replacing."""
+        was logged puts back an earlier run that ``overwrite`` was replacing. A closed trainer
+        is closed again at no cost."""
+        if not self.lock.held:
+            return
         cluster, self.cluster = getattr(self, "cluster", None), None
         schedule, self.schedule = getattr(self, "schedule", None), None
         if schedule is not None:  # a failed run does not wait for the sampler's batch
@@ -173,6 +183,12 @@ class Trainer:
             if failed and run is not None:
                 self.restored_earlier = run.restore_replaced()
             self.lock.release()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.close(failed=error is not None)
 
     @property
     def step(self) -> int:

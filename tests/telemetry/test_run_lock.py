@@ -23,7 +23,8 @@ time.sleep(60)
 
 def test_a_second_lock_is_refused_naming_the_holder(tmp_path):
     lock = RunLock.acquire(tmp_path / "run")
-    with pytest.raises(ConfigError, match=rf"in use by another training \(pid {os.getpid()}\)"):
+    with pytest.raises(ConfigError, match=rf"in use by another training in this process "
+                                          rf"\(pid {os.getpid()}\)"):
         RunLock.acquire(tmp_path / "run")
     lock.release()
     lock.release()  # idempotent
@@ -51,3 +52,29 @@ def test_another_process_holds_it_until_it_dies_even_by_sigkill(tmp_path):
         except ConfigError:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_a_trainer_unlocks_when_closed_collected_or_leaving_its_with_block(tmp_path):
+    """Two trainers made one after another in one process (a notebook, bench/roofline.py)
+    share an ``out``: the first one's lock goes with it."""
+    import gc
+
+    from postrl.train.trainer import Trainer
+    from tests.train.test_trainer import tiny_config
+
+    cfg = tiny_config(tmp_path, "grpo", "steps=1", "overwrite=true")
+    first = Trainer(cfg)
+    first.train_step()
+    with pytest.raises(ConfigError, match="a Trainer still referenced and not closed"):
+        Trainer(cfg)
+    assert first.lock.held  # the refused one left the holder's lock alone
+    del first  # dropped without close(): collected, and its lock with it
+    with Trainer(cfg) as second:
+        second.train_step()
+        assert second.lock.held
+    assert not second.lock.held
+    second.close()  # again: nothing to do
+    third = Trainer(cfg)
+    third.close()
+    assert not third.lock.held
+    gc.collect()

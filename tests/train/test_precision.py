@@ -3,6 +3,7 @@ one step's loss and gradients in bf16 (autocast; a bf16 working copy over float3
 against fp32, on the tiny model."""
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,6 +143,29 @@ def test_a_cpu_without_fast_bf16_matmuls_is_named_and_fp32_never_warns(monkeypat
         message = precision_warning(precision)
         assert message.startswith(f"precision={precision}: ") and message.endswith(
             "precision=fp32 is faster here")
+
+
+def test_avx512_without_bf16_instructions_is_named_slow(monkeypatch):
+    """oneDNN takes bf16 on any AVX-512 CPU, but without AVX512-BF16 or AMX it emulates it:
+    the check goes by the instructions, not by oneDNN's word alone."""
+    from postrl.models import precision
+
+    monkeypatch.setattr(precision, "onednn_runs_bf16", lambda: True)
+    monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: False)
+    assert not precision.cpu_has_fast_bf16()
+    assert "no bf16 instructions" in precision.precision_warning("bf16-master")
+    monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: True)
+    assert precision.cpu_has_fast_bf16() and precision.precision_warning("bf16-master") is None
+
+
+def test_the_bf16_instructions_are_read_from_the_cpu():
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() \
+        else None
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo to compare with")
+    from postrl.models.precision import cpu_bf16_instructions
+
+    assert cpu_bf16_instructions() == bool(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})
 
 
 @pytest.mark.parametrize("precision, warns", [("bf16", True), ("fp32", False)])
