@@ -1,6 +1,6 @@
 """The trainer: one step is prompts -> rollouts -> rewards -> filters -> advantages -> loss ->
-update -> metrics (DESIGN.md). Every choice an algorithm makes comes from the recipe's
-components; nothing here branches on a recipe's name."""
+update -> metrics. Every choice an algorithm makes comes from the recipe's components (their
+maths: docs/algorithms.md); nothing here branches on a recipe's name."""
 
 from __future__ import annotations
 
@@ -67,9 +67,8 @@ class TrainingError(PostRLError):
 
 
 class Trainer:
-    """One run: ``train()`` trains it to its end, ``train_step()`` one step at a time. It
-    holds its run directory's lock until ``close()`` (which ``train()`` and a ``with`` block
-    call) or until it is collected."""
+    """One run, trained to its end (``train()``) or a step at a time (``train_step()``); it
+    locks its run directory until ``close()`` (``train()``, a ``with`` block) or collection."""
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
@@ -164,9 +163,8 @@ class Trainer:
             self.engine = VLLMRolloutEngine.from_config(self.lm, self.tokenizer, cfg)
 
     def close(self, failed: bool = False) -> None:
-        """Stop the workers and unlock the run directory. ``failed`` before the first step
-        was logged puts back an earlier run that ``overwrite`` was replacing. A closed trainer
-        is closed again at no cost."""
+        """Stop the workers and unlock the run directory (again: no cost). ``failed`` before
+        the first step was logged puts back an earlier run that ``overwrite`` was replacing."""
         if not self.lock.held:
             return
         cluster, self.cluster = getattr(self, "cluster", None), None
@@ -267,8 +265,7 @@ class Trainer:
         return staleness.Overlapped(self.draw, engine, schedule, copy, load)
 
     def _save(self, final: bool = False) -> None:
-        """A checkpoint when one is due, with the batches drawn for later steps; with Ray
-        workers, their optimizer state first."""
+        """A checkpoint when due, with the batches drawn ahead (and Ray's optimizer state)."""
         every = self.cfg.save_every
         due = every and self.step > 0 and (final or self.step % every == 0)
         if due and self.cluster is not None:
@@ -331,8 +328,7 @@ class Trainer:
         return metrics
 
     def _guard(self, skipped: bool, update_metrics: dict[str, float]) -> None:
-        """Count steps whose update was skipped for a non-finite loss or gradient; abort
-        after ``max_skipped_steps`` in a row."""
+        """Count updates skipped for a non-finite loss; abort after max_skipped_steps in a row."""
         self.state.count_update(skipped)
         in_a_row = self.state.skipped_in_a_row
         if in_a_row >= self.cfg.max_skipped_steps:
@@ -372,8 +368,7 @@ class Trainer:
 
     @property
     def scoring_lm(self):
-        """The model whose forward the update differentiates: the policy, or its bf16
-        working copy (``precision=bf16-master``)."""
+        """What the update differentiates: the policy or its bf16 copy (bf16-master)."""
         return self.master.working if self.master is not None else self.lm
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:
