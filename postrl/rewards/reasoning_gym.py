@@ -5,7 +5,7 @@ Which line: the FIRST line that either starts, after leading whitespace and mark
 emphasis around either (``Answer:``, ``**Answer:**``, ``## Answer:``), or says ``the answer
 is`` (``So, the answer is 8.``, ``The final answer is: 8``): the phrase small instruction-tuned
 models write when asked for an answer line (SmolLM2-135M-Instruct often did in the pilot,
-examples/findings/pilot.md), and the one chain-of-thought evaluations have long read.
+studies/findings/pilot.md), and the one chain-of-thought evaluations have long read.
 What follows the colon or the phrase on that line, less surrounding ``*`` and one final full
 stop, is the answer; everything after that line is ignored, so a second, different answer
 later costs nothing and earns nothing. No such line, or nothing after it, scores 0.0.

@@ -31,7 +31,7 @@ from postrl.tasks.arithmetic import (
 from postrl.tasks.base import Example, FixedSplits
 
 # Appended to every question: reason first, then one line the verifier reads, with the
-# template on a line of its own (examples/findings/pilot.md compares the instructions tried).
+# template on a line of its own (studies/findings/pilot.md compares the instructions tried).
 ANSWER_INSTRUCTION = (
     "\n\nThink step by step. Then write your final answer on the last line, starting with "
     '"Answer:", like this:\nAnswer: <answer>'
