@@ -25,7 +25,6 @@ LOG="${OUT:-/tmp}/accel_check.log"
     python3 -c "from postrl.accel import library; print('native kernels:',
         'loaded' if library.library() else library.unavailable_reason())"
     python3 -m pytest -q -p no:cacheprovider -m "not slow" -r s \
-        tests/accel tests/models tests/rollout tests/test_bench_fused_kernels.py \
-        tests/test_bench_native_generate.py tests/test_bench_decode_attention.py "$@"
+        tests/accel tests/models tests/rollout "$@"
 } 2>&1 | tee "$LOG"
 exit "${PIPESTATUS[0]}"

@@ -8,6 +8,9 @@ import re
 import resource
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def peak_rss_mb() -> float:
@@ -49,11 +52,13 @@ def out_of_memory(stderr: str, limit_gb: float) -> str | None:
 
 
 def run_child(argv: list[str], limit_gb: float, what: str) -> dict:
-    """The ``RESULT {json}`` line of ``python argv`` run under :func:`memory_limit`; ``{"failed":
-    why}`` if it ran out of memory; SystemExit naming ``what`` with the child's stderr if it
-    failed otherwise."""
-    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
-                         preexec_fn=memory_limit(limit_gb))
+    """The ``RESULT {json}`` line of ``python -m argv[0] argv[1:]`` (a module of ``bench``)
+    run under :func:`memory_limit`; ``{"failed": why}`` if it ran out of memory; SystemExit
+    naming ``what`` with the child's stderr if it failed otherwise."""
+    # the repository's root on the child's path: it imports bench wherever this process runs
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True,
+                         preexec_fn=memory_limit(limit_gb), env={**os.environ, "PYTHONPATH": path})
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     why = out_of_memory(out.stderr, limit_gb) if out.returncode else None
     if why:

@@ -10,7 +10,8 @@
 #               (DDP, FSDP2, and multi-turn episodes)
 # Every stage runs under its own `timeout`, and none starts past the whole check's budget
 # ($GPU_CHECK_BUDGET seconds, default 540); each training stage asserts its models ran on
-# CUDA and prints one JSON line (step time, tokens/s, peak memory: bench/gpu_train.py).
+# CUDA and prints one JSON line (step time, tokens/s, peak memory: bench/gpu_train.py, run
+# as `python3 -m bench.gpu_train` from the repo root).
 # Needs: python3 with a CUDA torch, transformers, peft, pytest, hypothesis; postrl's code at the
 # repo root; no network. The tokenizer (and SmolLM2's config.json) come from postrl's cache
 # ($POSTRL_CACHE or ~/.cache/postrl/models/smollm2-135m-instruct), or from
@@ -91,11 +92,11 @@ stage "preflight-tokenizer" 120 python3 -c "from postrl.models import load_polic
 [ "$FAILED" -eq 0 ] || finish
 
 for precision in fp32 bf16 bf16-master; do
-    stage "tiny-$precision" 90 python3 bench/gpu_train.py --model tiny --precision "$precision" \
+    stage "tiny-$precision" 90 python3 -m bench.gpu_train --model tiny --precision "$precision" \
         --device "$DEVICE" --steps 4 --out "$LOGS/tiny-$precision"
 done
 
-stage "tiny-ppo-bf16-master" 90 python3 bench/gpu_train.py --model tiny --recipe ppo \
+stage "tiny-ppo-bf16-master" 90 python3 -m bench.gpu_train --model tiny --recipe ppo \
     --precision bf16-master --device "$DEVICE" --steps 4 --out "$LOGS/tiny-ppo-bf16-master"
 
 stage pytest 240 python3 -m pytest -q -rs -p no:cacheprovider \
@@ -105,7 +106,7 @@ stage pytest 240 python3 -m pytest -q -rs -p no:cacheprovider \
 
 for tokens in 64 256; do
     for precision in fp32 bf16; do
-        stage "smollm2-$precision-$tokens" 90 python3 bench/gpu_train.py --model smollm2-shape \
+        stage "smollm2-$precision-$tokens" 90 python3 -m bench.gpu_train --model smollm2-shape \
             --precision "$precision" --device "$DEVICE" --steps 3 --max-new-tokens "$tokens" \
             --out "$LOGS/smollm2-$precision-$tokens"
     done

@@ -1,9 +1,10 @@
 """A few local training steps with ``device=cuda`` (or any device), and what they cost: step
 time, generation and update time, generated tokens/s, peak device memory. Asserts that the
-models really ran on that device. Used by ``bench/gpu_check.sh``.
+models really ran on that device. Used by ``bench/gpu_check.sh``; run from the repository's
+root:
 
-    python3 bench/gpu_train.py --model tiny --precision bf16 --steps 4 --out DIR
-    python3 bench/gpu_train.py --model smollm2-shape ...   # SmolLM2-135M's shape, random weights
+    python3 -m bench.gpu_train --model tiny --precision bf16 --steps 4 --out DIR
+    python3 -m bench.gpu_train --model smollm2-shape ...   # SmolLM2-135M's shape, random weights
 
 ``smollm2-shape`` needs only SmolLM2's config and tokenizer (postrl's cache, or
 ``$POSTRL_CACHE``): the weights are drawn at random (seed 0) and saved beside ``--out``. The
@@ -22,12 +23,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from postrl.config import load_config
+from postrl.models.loading import smollm2_dir
+from postrl.train.trainer import Trainer
 
-from postrl.config import load_config  # noqa: E402
-from postrl.models.loading import smollm2_dir  # noqa: E402
-from postrl.train.trainer import Trainer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 REWARD = f"{ROOT / 'tests' / 'train' / 'rewards_for_tests.py'}:length_parity"
 

@@ -1,6 +1,6 @@
 """How postrl's step grows: step time and peak memory against response length and model size.
 
-    python bench/growth.py [--lengths 64,256,1024] [--models 135m,360m,1.7b] [--steps 2]
+    python -m bench.growth [--lengths 64,256,1024] [--models 135m,360m,1.7b] [--steps 2]
                            [--lora-r R] [--gradient-checkpointing] [--out runs/growth]
                            [--gsm8k PATH]
 
@@ -33,9 +33,9 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from children import default_memory_limit_gb, peak_rss_mb, run_child
-from regimes import GSM8K, parse_regimes, task_spec  # bench/, this script's directory
-from vs_trl import GROUP, MICRO_BATCH_TOKENS, PROMPTS
+from bench.children import default_memory_limit_gb, peak_rss_mb, run_child
+from bench.regimes import GSM8K, parse_regimes, task_spec
+from bench.vs_trl import GROUP, MICRO_BATCH_TOKENS, PROMPTS
 
 # the published SmolLM2 configs' shapes (hidden, intermediate, layers, heads, key-value heads)
 SHAPES = {"360m": (960, 2560, 32, 15, 5), "1.7b": (2048, 8192, 24, 32, 32)}
@@ -108,7 +108,7 @@ def run_cell(model: str, length: int, steps: int, gsm8k: Path, lora_r: int = 0,
 
 
 def spawn(model: str, length: int, args) -> dict:
-    return run_child([__file__, "--child", model, "--lengths", str(length), "--steps",
+    return run_child(["bench.growth", "--child", model, "--lengths", str(length), "--steps",
                       str(args.steps), "--gsm8k", args.gsm8k, "--lora-r", str(args.lora_r)]
                      + ["--gradient-checkpointing"] * args.gradient_checkpointing,
                      args.memory_limit_gb, f"{model} at {length} tokens")

@@ -4,7 +4,7 @@ both ways draw the same tokens up to float rounding (keys computed one token at 
 a prefill, summed in another order), which can flip a sampled token and change an episode
 from there; the script says how many episodes agree, and their tokens each way.
 
-    python bench/kept_turns_ab.py [--config examples/calculator.yaml] [--reps 2] [KEY=VALUE ...]
+    python -m bench.kept_turns_ab [--config examples/calculator.yaml] [--reps 2] [KEY=VALUE ...]
 
 Prints, for each way, the tokens fed through a prefill (``rollout/prefill_tokens``) and the
 seconds of generation (``time/generate_s``, the environments' steps included) of one step's
@@ -22,6 +22,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def alternating(reps: int) -> list[bool]:
+    """``reps`` pairs of the two ways, the order swapped every pair (ABBA...): drift over the
+    run falls on both alike."""
+    return [way for i in range(reps) for way in ((True, False) if i % 2 else (False, True))]
+
+
 class WholeTurns:
     """The engine without ``keeping_turns``: every turn prefills its whole context."""
 
@@ -35,8 +41,6 @@ class WholeTurns:
 def draw_both_ways(trainer, reps: int) -> dict[str, dict[str, list[float]]]:
     """Step 0's draw ``reps`` times each way (ABBA), from the same prompts: each way's prefill
     tokens and generation seconds per draw."""
-    from ab import alternating  # bench/
-
     results: dict[str, dict[str, list[float]]] = {}
     for keep in [None, *alternating(reps)]:  # None: a warm-up, not recorded
         trainer.sampler.restore(0, 0)
@@ -83,5 +87,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.exit(main())

@@ -1,7 +1,7 @@
 """Median step time of every recipe on the tiny model (for before/after checks of speed work).
 
-    python bench/recipe_steps.py [--steps 5]
-    python bench/recipe_steps.py --against DIR [--rounds 3] [--steps 5]
+    python -m bench.recipe_steps [--steps 5]
+    python -m bench.recipe_steps --against DIR [--rounds 3] [--steps 5]
 
 The first form prints one line per recipe: median seconds per step (and of its training
 phase) over the steps after the first.
@@ -13,7 +13,7 @@ so that the machine's drift over minutes falls on both alike; a table of the med
 rounds follows. Even so, on a shared VM one process's step times can differ from the next's
 by 10-20% with identical code (docs/performance.md): read a ratio within that band as even,
 and for a change confined to a few functions, time both versions in one process on the same
-batches (as ``bench/prompt_pass_ab.py`` does).
+batches (an A/B alternating both ways, as ``bench/kept_turns_ab.py`` does).
 """
 
 from __future__ import annotations

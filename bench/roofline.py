@@ -1,6 +1,6 @@
 """This machine's matmul peak (fp32, bf16) and how close postrl's phases get to it.
 
-    python bench/roofline.py [--model smollm2-135m-instruct] [--skip-postrl]
+    python -m bench.roofline [--model smollm2-135m-instruct] [--skip-postrl]
 
 Peak: the best of several large square matmuls per dtype (three sizes, ten calls each). On a
 CPU without fast bf16 matmuls (AVX2: no AVX-512 or AMX) only fp32 is measured.
@@ -28,10 +28,10 @@ import dataclasses
 from functools import partial
 
 import torch
-from peaks import fastest, machine_limits  # bench/, this script's directory
-from regimes import trained_tokens
-from vs_trl import MICRO_BATCH
 
+from bench.peaks import fastest, machine_limits
+from bench.regimes import trained_tokens
+from bench.vs_trl import MICRO_BATCH
 from postrl.models.precision import cpu_bf16_reason
 from postrl.train.setup import records_forward
 

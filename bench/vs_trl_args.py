@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from children import default_memory_limit_gb  # bench/
-from regimes import GSM8K, REGIMES
+from bench.children import default_memory_limit_gb
+from bench.regimes import GSM8K, REGIMES
 
 
 def parse_arguments(description: str, micro_batch_tokens: int) -> argparse.Namespace:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from regimes import Regime, roofline_s  # bench/, this script's directory
+from bench.regimes import Regime, roofline_s
 
 
 def summary(results: list[dict], peak_gflops: float, bandwidth_gbs: float) -> dict:

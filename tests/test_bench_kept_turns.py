@@ -3,7 +3,7 @@ tokens, fewer of them prefilled with the turns' cache kept."""
 
 import yaml
 
-from tests.bench_scripts import load_bench_script
+import bench.kept_turns_ab
 
 
 def test_both_ways_draw_the_same_episodes_and_only_kept_turns_prefill_less(tmp_path, capsys):
@@ -12,8 +12,7 @@ def test_both_ways_draw_the_same_episodes_and_only_kept_turns_prefill_less(tmp_p
         "model": "tiny", "task": "guess_number",
         "max_turns": 3, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 12,
         "stop": ["e"], "steps": 1, "out": str(tmp_path / "run")}))
-    bench = load_bench_script("kept_turns_ab")
-    assert bench.main(["--config", str(config), "--reps", "1"]) == 0
+    assert bench.kept_turns_ab.main(["--config", str(config), "--reps", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     kept, whole = (int(line.split("prefill ")[1].split(" tokens")[0].replace(",", ""))
                    for line in lines[:2])

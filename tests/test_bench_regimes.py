@@ -7,26 +7,11 @@ import sys
 
 import pytest
 
+from bench import children, regimes, vs_trl, vs_trl_report
 from postrl.train.trainer import Trainer
-from tests.bench_scripts import load_bench_script
 
 
-@pytest.fixture(scope="module")
-def regimes():
-    return load_bench_script("regimes")
-
-
-@pytest.fixture(scope="module")
-def children():
-    return load_bench_script("children")
-
-
-@pytest.fixture(scope="module")
-def vs_trl():
-    return load_bench_script("vs_trl")
-
-
-def test_closeness_is_one_when_right_and_falls_with_the_distance(regimes):
+def test_closeness_is_one_when_right_and_falls_with_the_distance():
     completions = ["so it is 220", "The answer is 200.", "#### 110", "I cannot tell",
                    [{"role": "assistant", "content": "#### 220"}]]  # TRL's chat completions
     scores = regimes.answer_closeness([""] * 5, completions, ["220"] * 5)
@@ -36,7 +21,7 @@ def test_closeness_is_one_when_right_and_falls_with_the_distance(regimes):
     assert scores[3] == 0.0
 
 
-def test_an_unknown_regime_or_a_missing_data_file_is_named(regimes, tmp_path):
+def test_an_unknown_regime_or_a_missing_data_file_is_named(tmp_path):
     with pytest.raises(SystemExit, match="unknown gsm8k-512; known: short, gsm8k-256"):
         regimes.parse_regimes("short,gsm8k-512")
     missing = tmp_path / "train.jsonl"
@@ -46,7 +31,7 @@ def test_an_unknown_regime_or_a_missing_data_file_is_named(regimes, tmp_path):
     assert regimes.parse_regimes("short", missing)[0].task == "arithmetic"
 
 
-def gsm8k_regime(regimes, tmp_path, lines=40):
+def gsm8k_regime(tmp_path, lines=40):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(
         f'{{"question": "What is {i} + {i}?", "answer": "Double it.\\n#### {2 * i}"}}\n'
@@ -54,16 +39,15 @@ def gsm8k_regime(regimes, tmp_path, lines=40):
     return regimes.parse_regimes("gsm8k-256", data)[0]
 
 
-def tiny_trainer(vs_trl, regime, tmp_path, steps):
+def tiny_trainer(regime, tmp_path, steps):
     cfg = vs_trl.postrl_config(steps, 0, regime=regime)
     cfg.model, cfg.max_new_tokens, cfg.out = "tiny", 6, str(tmp_path / "run")
     return Trainer(cfg)
 
 
-def test_postrl_and_trl_get_the_gsm8k_prompts_and_the_closeness_reward(regimes, vs_trl,
-                                                                       tmp_path):
-    regime = gsm8k_regime(regimes, tmp_path)
-    trainer = tiny_trainer(vs_trl, regime, tmp_path, 2)
+def test_postrl_and_trl_get_the_gsm8k_prompts_and_the_closeness_reward(tmp_path):
+    regime = gsm8k_regime(tmp_path)
+    trainer = tiny_trainer(regime, tmp_path, 2)
     assert trainer.cfg.rewards == [f"{regimes.__file__}:answer_closeness"]
     taken = vs_trl.record_prompts(trainer)
     rows = [trainer.train_step() for _ in range(2)]
@@ -73,8 +57,8 @@ def test_postrl_and_trl_get_the_gsm8k_prompts_and_the_closeness_reward(regimes, 
     assert all("reward/mean" in r for r in rows)
 
 
-def test_step_work_counts_the_batch_the_update_got(regimes, vs_trl, tmp_path):
-    trainer = tiny_trainer(vs_trl, gsm8k_regime(regimes, tmp_path), tmp_path, 2)
+def test_step_work_counts_the_batch_the_update_got(tmp_path):
+    trainer = tiny_trainer(gsm8k_regime(tmp_path), tmp_path, 2)
     works, batches = vs_trl.record_work(trainer), []
     update = trainer.phases.update
     trainer.phases.update = lambda batch: batches.append(batch) or update(batch)
@@ -97,7 +81,7 @@ def test_step_work_counts_the_batch_the_update_got(regimes, vs_trl, tmp_path):
     assert work.weight_bytes == 4 * work.params  # the tiny model samples in float32
 
 
-def test_roofline_adds_the_flops_at_the_peak_and_decoding_at_its_bound(regimes):
+def test_roofline_adds_the_flops_at_the_peak_and_decoding_at_its_bound():
     work = regimes.StepWork(params=1000, layers=2, width=8, kv_bytes_per_token=64,
                             weight_bytes=4000, prompt_tokens=10, prompt_pairs=55,
                             generated=40, generated_pairs=300, decode_steps=20,
@@ -114,7 +98,7 @@ def test_roofline_adds_the_flops_at_the_peak_and_decoding_at_its_bound(regimes):
     assert slow == pytest.approx((prefill + backward) / 1e3 + decode_bytes)
 
 
-def test_a_child_over_its_memory_limit_fails_with_an_allocation_error(children):
+def test_a_child_over_its_memory_limit_fails_with_an_allocation_error():
     allocate = "import torch; torch.empty(2**30).sum()"  # 4 GB
     out = subprocess.run([sys.executable, "-c", allocate], capture_output=True, text=True,
                          preexec_fn=children.memory_limit(2.0))
@@ -124,7 +108,7 @@ def test_a_child_over_its_memory_limit_fails_with_an_allocation_error(children):
     assert children.out_of_memory("ValueError: bad config", 2.0) is None
 
 
-def test_the_frame_that_ran_out_of_memory_is_named(children):
+def test_the_frame_that_ran_out_of_memory_is_named():
     stderr = """Traceback (most recent call last):
   File "/v/lib/python3.11/site-packages/trl/trainer/grpo_trainer.py", line 9, in train
   File "/v/lib/python3.11/site-packages/transformers/generation/utils.py", line 7, in generate
@@ -135,15 +119,14 @@ RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 
         "(transformers/generation/utils.py)")
 
 
-def test_a_framework_that_did_not_fit_is_reported_and_postrl_stands_alone(regimes, capsys):
-    report = load_bench_script("vs_trl_report")
+def test_a_framework_that_did_not_fit_is_reported_and_postrl_stands_alone(capsys):
     postrl = {"step_s": [10.0], "generate_s": [4.0], "train_s": [6.0], "warmup_s": [12.0],
               "zero_variance": [0.0], "reward": [0.5], "tokens": [5000.0],
               "peak_rss_mb": 4000.0, "work": []}
-    table = {"fp32": {"postrl": report.summary([postrl], 100.0, 10.0),
-                      "trl": report.summary([{"failed": "out of memory: needs more than 21 GB"}],
-                                            100.0, 10.0)}}
-    report.report(regimes.REGIMES["gsm8k-1024"], table, lambda framework, setting: setting)
+    failed = {"failed": "out of memory: needs more than 21 GB"}
+    table = {"fp32": {"postrl": vs_trl_report.summary([postrl], 100.0, 10.0),
+                      "trl": vs_trl_report.summary([failed], 100.0, 10.0)}}
+    vs_trl_report.report(regimes.REGIMES["gsm8k-1024"], table, lambda framework, setting: setting)
     printed = capsys.readouterr().out
     assert "trl fp32           did not run: out of memory: needs more than 21 GB" in printed
     assert "gsm8k-1024: TRL did not run; postrl alone" in printed
@@ -151,7 +134,7 @@ def test_a_framework_that_did_not_fit_is_reported_and_postrl_stands_alone(regime
     assert "2.00" in printed  # postrl's 10 s for 5,000 tokens: 2 ms a token
 
 
-def test_a_framework_out_of_memory_is_not_run_at_longer_responses(vs_trl):
+def test_a_framework_out_of_memory_is_not_run_at_longer_responses():
     failed = {("trl", "fp32"): 256}
     assert vs_trl.not_to_run(failed, "fp32", 1024) == {
         "trl": "it ran out of memory at 256 new tokens"}
@@ -161,14 +144,19 @@ def test_a_framework_out_of_memory_is_not_run_at_longer_responses(vs_trl):
     assert vs_trl.not_to_run(failed, "bf16", 1024) == {}  # another setting may fit
 
 
-def test_a_child_gives_its_result_its_memory_failure_or_a_named_error(children, tmp_path):
-    script = tmp_path / "child.py"
-    script.write_text("import sys, torch\n"
-                      "if sys.argv[1] == 'big': torch.empty(2**30).sum()\n"
-                      "if sys.argv[1] == 'bad': raise ValueError('no such option')\n"
-                      "print('noise'); print('RESULT {\"step_s\": 1.5}')\n")
-    assert children.run_child([str(script), "ok"], 2.0, "ok child") == {"step_s": 1.5}
-    assert children.run_child([str(script), "big"], 2.0, "big child") == {
+def test_a_child_gives_its_result_its_memory_failure_or_a_named_error(tmp_path, monkeypatch):
+    """The child runs as a module, imports ``bench`` from another directory than the
+    repository's root, and keeps the path it was given."""
+    (tmp_path / "child.py").write_text(
+        "import sys, torch\n"
+        "import bench.children\n"
+        "if sys.argv[1] == 'big': torch.empty(2**30).sum()\n"
+        "if sys.argv[1] == 'bad': raise ValueError('no such option')\n"
+        "print('noise'); print('RESULT {\"step_s\": 1.5}')\n")
+    monkeypatch.chdir(tmp_path.parent)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert children.run_child(["child", "ok"], 2.0, "ok child") == {"step_s": 1.5}
+    assert children.run_child(["child", "big"], 2.0, "big child") == {
         "failed": "out of memory: needs more than 2.0 GB; 4.29 GB more failed"}
     with pytest.raises(SystemExit, match="bad child failed:\n(.|\n)*ValueError: no such option"):
-        children.run_child([str(script), "bad"], 2.0, "bad child")
+        children.run_child(["child", "bad"], 2.0, "bad child")

@@ -5,17 +5,12 @@ import argparse
 
 import pytest
 
+from bench import regimes, vs_trl
 from postrl.train.trainer import Trainer
-from tests.bench_scripts import load_bench_script
-
-
-@pytest.fixture(scope="module")
-def vs_trl():
-    return load_bench_script("vs_trl")
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_prompt_order_is_what_postrls_trainer_takes(vs_trl, tmp_path, seed):
+def test_prompt_order_is_what_postrls_trainer_takes(tmp_path, seed):
     steps = 3
     cfg = vs_trl.postrl_config(steps, seed)
     cfg.model, cfg.max_new_tokens, cfg.out = "tiny", 4, str(tmp_path / "run")
@@ -29,12 +24,12 @@ def test_prompt_order_is_what_postrls_trainer_takes(vs_trl, tmp_path, seed):
     assert len(order) == steps * vs_trl.PROMPTS
 
 
-def test_rounds_train_on_other_prompts(vs_trl):
+def test_rounds_train_on_other_prompts():
     first, second = (vs_trl.prompt_order(3, seed) for seed in (0, 1))
     assert first != second
 
 
-def test_a_round_with_other_prompts_is_refused(vs_trl):
+def test_a_round_with_other_prompts_is_refused():
     ours = {"prompts": [["a", "b"], ["c", "d"], ["e", "f"]]}
     vs_trl.check_same_prompts(ours, {"prompts": [list(p) for p in ours["prompts"]]}, 0)
     theirs = {"prompts": [["a", "b"], ["c", "x"], ["e", "f"]]}
@@ -44,7 +39,7 @@ def test_a_round_with_other_prompts_is_refused(vs_trl):
         vs_trl.check_same_prompts(ours, {"prompts": ours["prompts"][:2]}, 0)
 
 
-def test_postrls_micro_batch_is_one_of_32_rows_in_bf16_and_two_of_16_in_fp32(vs_trl):
+def test_postrls_micro_batch_is_one_of_32_rows_in_bf16_and_two_of_16_in_fp32():
     """The bench's measured choice (``MICRO_BATCH``); a size given on the command line wins."""
     assert vs_trl.postrl_config(2, 0, "fp32").micro_batch_size == 16
     assert vs_trl.postrl_config(2, 0, "bf16-master").micro_batch_size == 32
@@ -53,11 +48,11 @@ def test_postrls_micro_batch_is_one_of_32_rows_in_bf16_and_two_of_16_in_fp32(vs_
 
 
 @pytest.mark.parametrize("name", ["short", "gsm8k-256", "gsm8k-1024"])
-def test_trl_accumulates_its_micro_batches_into_one_step_of_32_rows(vs_trl, name):
+def test_trl_accumulates_its_micro_batches_into_one_step_of_32_rows(name):
     """One generation round, one optimizer step, as postrl; at GSM8K the micro-batch is the
     most rows that, padded to the longest prompt (253 tokens) and the budget, fit postrl's
     token budget."""
-    run = vs_trl.Run(load_bench_script("regimes").REGIMES[name])
+    run = vs_trl.Run(regimes.REGIMES[name])
     batch = vs_trl.trl_batch(run)
     rows = batch["per_device_train_batch_size"]
     assert rows * batch["gradient_accumulation_steps"] == vs_trl.PROMPTS * vs_trl.GROUP
@@ -66,7 +61,7 @@ def test_trl_accumulates_its_micro_batches_into_one_step_of_32_rows(vs_trl, name
         assert rows * width <= vs_trl.MICRO_BATCH_TOKENS < 2 * rows * width
 
 
-def test_trls_micro_batch_can_be_resized_to_a_divisor_of_32_only(vs_trl):
+def test_trls_micro_batch_can_be_resized_to_a_divisor_of_32_only():
     def args(size):
         return type("Args", (), {"regimes": "short", "gsm8k": "unused",
                                  "trl_micro_batch_size": size})()
@@ -81,7 +76,7 @@ def test_trls_micro_batch_can_be_resized_to_a_divisor_of_32_only(vs_trl):
 @pytest.mark.parametrize("framework", ["postrl", "trl"])
 @pytest.mark.parametrize("named", ["", "postrl", "trl", "postrl,trl"])
 @pytest.mark.parametrize("returned", [False, True])
-def test_gradient_checkpointing_reaches_the_children_it_names(vs_trl, monkeypatch, framework,
+def test_gradient_checkpointing_reaches_the_children_it_names(monkeypatch, framework,
                                                               named, returned):
     """``--gradient-checkpointing`` travels to the named frameworks' command lines and back
     into their runs (which postrl's config and TRL's GRPOConfig read), and
@@ -102,7 +97,7 @@ def test_gradient_checkpointing_reaches_the_children_it_names(vs_trl, monkeypatc
     assert runs[0].reuse_freed_memory is not (returned and framework == "postrl")
 
 
-def test_gradient_checkpointing_names_frameworks_only(vs_trl, monkeypatch):
+def test_gradient_checkpointing_names_frameworks_only(monkeypatch):
     monkeypatch.setattr("sys.argv", ["vs_trl.py", "--gradient-checkpointing", "postrl,vllm"])
     with pytest.raises(SystemExit, match="frameworks are postrl and trl"):
         vs_trl.main()

@@ -10,7 +10,7 @@ bf16 autograd rounds its intermediate products too). They serve float32 and bf16
 anything else (another device or dtype, a tensor subclass such as FSDP's DTensor, a
 ``torch.compile`` trace, a CPU without the native kernels) takes PyTorch's operations
 (:mod:`postrl.models.ops`), which compute the same maths. What each bought:
-``bench/fused_kernels_ab.py``, docs/performance.md.
+bench/log.md ("The training forward's element-wise work in C"), docs/performance.md.
 """
 
 from __future__ import annotations

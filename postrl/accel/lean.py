@@ -187,7 +187,7 @@ def _attend_decode(query: Tensor, cache: KVCache, layer: int,
 # Running rows from which a float32 decode step's attention is two batched matmuls around a
 # softmax rather than PyTorch's fused kernel, whose blocking is built for long query blocks:
 # at many rows of a few queries each the matmuls measured faster, at a few rows their
-# separate calls cost more (bench/decode_attention_ab.py, bench/log.md).
+# separate calls cost more (bench/log.md, "Decode attention as matmuls").
 MATMUL_ATTENTION_FROM_ROWS = 16
 
 

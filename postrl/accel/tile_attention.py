@@ -8,8 +8,8 @@ scores or their gradient in memory, and at SmolLM2's shapes they are bound by th
 writes. Here each thread takes whole (row, key/value head) items: the scores, their softmax
 and their gradients stay in its cache, in float32; only the weights (bf16, kept for the
 backward, as PyTorch's path keeps them) go to memory, and the output is written where the
-output projection reads it (what it saves: ``bench/fused_kernels_ab.py --part
-tile_attention``, docs/performance.md).
+output projection reads it (what it saves: bench/log.md, "The training attention and grouped
+input gradients on AMX tiles"; docs/performance.md).
 
 The maths is :func:`postrl.models.ops.attention`'s: ``softmax(scale * q k^T + bias)`` in
 float32, rounded to bf16, times the values. The scores and their gradient stay float32 here

@@ -9,9 +9,10 @@ per row), a group's query heads are the query rows of their shared key/value hea
 is the same for every head), and the scale is folded into the queries (or into a backend's
 fused softmax). With packed responses, a micro-batch's prompts and responses go through each
 layer together (:func:`body_with_prompts`): one matmul per linear over both parts' tokens,
-attention within each (``bench/prompt_pass_ab.py`` measures what that saves). Each building
-block (norm, rotation, attention, linears, SwiGLU) is the active backend's
-(``postrl.models.backend``): PyTorch's operations, or faster kernels that compute the same.
+attention within each (what that saves: bench/log.md, "Prompts and responses through each
+linear together"). Each building block (norm, rotation, attention, linears, SwiGLU) is the
+active backend's (``postrl.models.backend``): PyTorch's operations, or faster kernels that
+compute the same.
 
 The maths is the model's own: RMSNorm in float32 rounded once before the weight, the model's
 rotary module, the attention softmax in float32, SwiGLU. :func:`unsupported_reason` names what

@@ -38,7 +38,7 @@ from postrl.models.packing import Packing, attention_bias, pack_responses
 # Scored tokens per pass through the LM head and the vocabulary's log-softmax (when the
 # caller does not say): a pass keeps its [tokens, vocabulary] probabilities for the backward
 # and makes its logits and their gradient as large, whatever the responses' length; smaller
-# passes measured no faster (bench/vocab_chunk_ab.py)
+# passes measured no faster (bench/log.md, "The update's own time at 256 tokens")
 HEAD_CHUNK_TOKENS = 2048
 
 

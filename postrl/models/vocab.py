@@ -84,7 +84,8 @@ class _LogProbEntropy(torch.autograd.Function):
 
 
 # Elements of a [rows, vocabulary] temporary made at a time on the CPU: a few megabytes,
-# where the whole chunk's would be new pages of hundreds (bench/vocab_chunk_ab.py)
+# where the whole chunk's would be new pages of hundreds (bench/log.md, "The update's own
+# time at 256 tokens")
 BLOCK_ELEMENTS = 2**20
 
 

@@ -91,7 +91,7 @@ def unscored_rows_possible(recipe: Recipe, loss_cfg: PolicyLossConfig,
     reach the update (no dynamic sampling), and the sampler ran the weights that train
     (no ``max_staleness``, ``old_policy=proximal``); on one process or several. The trainer asks the
     sampler for its entropies only then (what recording them costs the generation:
-    ``bench/unscored_rows_ab.py sampler``)."""
+    bench/log.md, "Rows without a gradient run no forward")."""
     return (advantage_terms_only(loss_cfg, recipe.critic) and updates_per_batch == 1
             and not recipe.needs_reference and not recipe.dynamic_sampling
             and not recipe.max_staleness and recipe.old_policy == "proximal")

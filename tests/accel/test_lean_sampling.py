@@ -230,6 +230,26 @@ def test_float32_decode_attention_by_matmuls_is_the_fused_kernels(rows, monkeypa
     torch.testing.assert_close(lean_module._attend_rows(query, keys, values, mask), expected)
 
 
+def test_float32_sampling_across_the_matmul_attentions_row_count_matches_transformers(
+        tiny, monkeypatch):
+    """Without postrl's kernels, 3 prompts x 8 samples: a decode step attends by matmuls while
+    ``MATMUL_ATTENTION_FROM_ROWS`` rows or more run, by the fused kernel once enough rows have
+    ended, and the engine samples what transformers' forward samples either way."""
+    monkeypatch.setenv(library.SWITCH, "0")
+    force_sharing(monkeypatch, 10**6)  # each row attends over its own columns
+    model, tokenizer = tiny
+    lean, plain = engines(model, tokenizer)
+    lean.eos_ids = plain.eos_ids = torch.arange(0, len(tokenizer), 17)  # most rows end early
+    running = []
+    attend = lean_module._attend_rows
+    monkeypatch.setattr(lean_module, "_attend_rows",
+                        lambda q, *rest: running.append(q.shape[0]) or attend(q, *rest))
+    params = SamplingParams(temperature=1.0, max_new_tokens=40)
+    ours = lean.generate(prompts(tokenizer), 8, params, seed=0)
+    assert max(running) >= lean_module.MATMUL_ATTENTION_FROM_ROWS > min(running)
+    assert_same_rollouts(ours, plain.generate(prompts(tokenizer), 8, params, seed=0), 1e-5)
+
+
 def test_prompts_are_shared_from_a_longer_length_where_a_step_runs_in_one_call(tiny,
                                                                               monkeypatch):
     """A 100-token prompt: its columns are shared by its samples where a decode step runs the

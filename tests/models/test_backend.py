@@ -16,10 +16,9 @@ HAS_ACCEL = importlib.util.find_spec("postrl.accel") is not None
 
 
 @pytest.fixture
-def restore_backend():
-    before = backend._active
-    yield
-    backend._active = before
+def restore_backend(monkeypatch):
+    """The active backend, put back after the test (``use`` replaces it)."""
+    monkeypatch.setattr(backend, "_active", backend._active)
 
 
 def test_torch_is_pytorchs_operations(restore_backend):
@@ -42,8 +41,8 @@ def test_auto_takes_the_installed_backend_and_an_unknown_one_is_refused(restore_
         backend.use("postrl.nothing")
 
 
-def test_first_use_chooses_the_default(restore_backend):
-    backend._active = None
+def test_first_use_chooses_the_default(monkeypatch):
+    monkeypatch.setattr(backend, "_active", None)
     assert backend.active().name == ("postrl.accel" if HAS_ACCEL else "torch")
 
 

@@ -18,10 +18,9 @@ BACKENDS = ["torch"] + (["postrl.accel"] if importlib.util.find_spec("postrl.acc
 
 
 @pytest.fixture(params=BACKENDS)
-def chosen(request):
-    before = backend._active
-    yield backend.use(request.param)
-    backend._active = before
+def chosen(request, monkeypatch):
+    monkeypatch.setattr(backend, "_active", backend._active)  # put back after the test
+    return backend.use(request.param)
 
 
 class TanhHead(nn.Linear):

@@ -10,6 +10,8 @@ import os
 import signal
 import sys
 
+import pytest
+
 from postrl.config import load_config
 from postrl.train import checkpoint, trainer
 
@@ -35,9 +37,10 @@ def main() -> None:
             die()  # the state file is written, the manifest not yet fsynced or renamed
         fsync(path)
 
-    trainer.maybe_save = patched_save
-    checkpoint._fsync = patched_fsync
-    trainer.Trainer(load_config(None, overrides)).train()
+    with pytest.MonkeyPatch.context() as patch:  # for this run only, as in a test
+        patch.setattr(trainer, "maybe_save", patched_save)
+        patch.setattr(checkpoint, "_fsync", patched_fsync)
+        trainer.Trainer(load_config(None, overrides)).train()
 
 
 if __name__ == "__main__":
