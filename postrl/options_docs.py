@@ -278,9 +278,31 @@ def write_docs(path: Path = DOCS_PATH) -> Path:
     return path
 
 
+def write_readme_recipes(readme: Path) -> Path:
+    """Replace the recipe table in ``readme`` (the block of table lines under its header row)
+    with what ``postrl recipes --all --markdown`` prints."""
+    from postrl.components import TABLE_COLUMNS, markdown_table
+
+    lines = readme.read_text(encoding="utf-8").split("\n")
+    header = "| " + " | ".join(TABLE_COLUMNS) + " |"
+    if header not in lines:
+        raise ConfigError(f"{readme}: no recipe table (a line {header!r}) to replace")
+    start = end = lines.index(header)
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    lines[start:end] = markdown_table(list(PRESETS.values())).split("\n")
+    readme.write_text("\n".join(lines), encoding="utf-8")
+    return readme
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m postrl.options_docs [PATH]``: write the options page."""
-    args = sys.argv[1:] if argv is None else argv
+    """``python -m postrl.options_docs [PATH] [--readme README]``: write the options page,
+    and with ``--readme`` the README's recipe table."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    readme = None
+    if "--readme" in args:
+        at = args.index("--readme")
+        readme, args[at:at + 2] = Path(args[at + 1]), []
     missing = missing_help()
     if missing:
         print(f"options without help: {', '.join(missing)}; give each field "
@@ -288,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     written = write_docs(Path(args[0]) if args else DOCS_PATH)
     print(f"wrote {written}")
+    if readme is not None:
+        print(f"wrote the recipe table of {write_readme_recipes(readme)}")
     return 0
 
 

@@ -12,6 +12,7 @@ import postrl.options_docs as options_docs
 from postrl.cli import build_parser, main
 from postrl.components import COMPONENTS
 from postrl.config import LoraConfig, TeacherConfig, TrainConfig, load_config
+from postrl.errors import ConfigError
 from postrl.options import help_of, opt
 from postrl.options_docs import (
     DOCS_PATH,
@@ -222,3 +223,17 @@ def test_train_help_lists_the_options_after_its_flags(capsys):
     assert "  recipe_options.clip_high: float = 0.2\n" in out
     args = build_parser().parse_args(["train", "--steps", "3", "lr=1e-5", "lora.r=4"])
     assert args.steps == "3" and args.overrides == ["lr=1e-5", "lora.r=4"]
+
+
+def test_make_docs_rewrites_a_stale_readme_recipe_table_and_nothing_else(tmp_path):
+    from postrl.components import markdown_table
+
+    table = markdown_table(list(PRESETS.values())).split("\n")
+    stale = "\n".join(["# Title", "", *table[:3], "| gone | row |", "", "After.", "| other |"])
+    readme = tmp_path / "README.md"
+    readme.write_text(stale)
+    assert options_docs.main([str(tmp_path / "options.md"), "--readme", str(readme)]) == 0
+    assert readme.read_text() == "\n".join(["# Title", "", *table, "", "After.", "| other |"])
+    readme.write_text("no table here")
+    with pytest.raises(ConfigError, match="no recipe table"):
+        options_docs.write_readme_recipes(readme)
