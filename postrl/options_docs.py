@@ -302,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     readme = None
     if "--readme" in args:
         at = args.index("--readme")
+        if at + 1 == len(args):
+            print("--readme needs the README's path (--readme README.md)", file=sys.stderr)
+            return 2
         readme, args[at:at + 2] = Path(args[at + 1]), []
     missing = missing_help()
     if missing:

@@ -225,7 +225,7 @@ def test_train_help_lists_the_options_after_its_flags(capsys):
     assert args.steps == "3" and args.overrides == ["lr=1e-5", "lora.r=4"]
 
 
-def test_make_docs_rewrites_a_stale_readme_recipe_table_and_nothing_else(tmp_path):
+def test_make_docs_rewrites_a_stale_readme_recipe_table_and_nothing_else(tmp_path, capsys):
     from postrl.components import markdown_table
 
     table = markdown_table(list(PRESETS.values())).split("\n")
@@ -237,3 +237,5 @@ def test_make_docs_rewrites_a_stale_readme_recipe_table_and_nothing_else(tmp_pat
     readme.write_text("no table here")
     with pytest.raises(ConfigError, match="no recipe table"):
         options_docs.write_readme_recipes(readme)
+    assert options_docs.main(["--readme"]) == 2
+    assert "--readme needs the README's path" in capsys.readouterr().err
