@@ -24,15 +24,15 @@ import re
 
 from postrl.envs.tools import ToolEnvironment, call_text, response_text
 from postrl.errors import ConfigError
-from postrl.tasks.arithmetic import (
+from postrl.tasks.base import Example, FixedSplits
+from postrl.tasks.chat import Message
+from postrl.tasks.splits import (
     check_both_splits,
     check_int,
     check_test_fraction,
     seeded_shuffle,
     split_by_hash,
 )
-from postrl.tasks.base import Example, FixedSplits
-from postrl.tasks.chat import Message
 
 QUESTION = "What is {expression}? Use the calculator tool, then reply with the number only."
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,

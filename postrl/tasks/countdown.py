@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from postrl.errors import ConfigError
-from postrl.tasks.arithmetic import (
+from postrl.tasks.base import Example, FixedSplits
+from postrl.tasks.splits import (
     check_both_splits,
     check_int,
     check_test_fraction,
     seeded_shuffle,
     split_by_hash,
 )
-from postrl.tasks.base import Example, FixedSplits
 
 QUESTION_TEMPLATE = (
     "Using the numbers {numbers}, each exactly once, with + - * / and parentheses, "

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from postrl.errors import DataError
-from postrl.tasks.arithmetic import (
+from postrl.tasks.base import Example
+from postrl.tasks.splits import (
     check_both_splits,
     check_test_fraction,
     in_test_split,
     seeded_shuffle,
 )
-from postrl.tasks.base import Example
 
 DEFAULT_PROMPT_FIELDS = ("question", "prompt")
 Record = tuple[str, dict[str, Any]]  # (location, fields)

@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 
 from postrl.envs.base import Step
 from postrl.errors import ConfigError
-from postrl.tasks.arithmetic import (
+from postrl.tasks.base import Example, FixedSplits
+from postrl.tasks.splits import (
     check_both_splits,
     check_int,
     check_test_fraction,
     seeded_shuffle,
     split_by_hash,
 )
-from postrl.tasks.base import Example, FixedSplits
 
 QUESTION = ("I am thinking of a whole number from 1 to {high}. Guess it! After each guess I "
             "will tell you if my number is higher or lower. Reply with one number only.")

@@ -38,7 +38,8 @@ from typing import Any
 
 from postrl.envs.base import Step
 from postrl.errors import ConfigError
-from postrl.tasks.arithmetic import (
+from postrl.tasks.base import Example, FixedSplits, constructor_options
+from postrl.tasks.splits import (
     check_bool,
     check_both_splits,
     check_int,
@@ -46,7 +47,6 @@ from postrl.tasks.arithmetic import (
     seeded_shuffle,
     split_by_hash,
 )
-from postrl.tasks.base import Example, FixedSplits, constructor_options
 
 LOG = logging.getLogger(__name__)
 # postrl's options; the rest are the environment's constructor parameters

@@ -21,14 +21,14 @@ from types import ModuleType
 from typing import Any
 
 from postrl.errors import ConfigError
-from postrl.tasks.arithmetic import (
+from postrl.tasks.base import Example, FixedSplits
+from postrl.tasks.splits import (
     check_both_splits,
     check_int,
     check_test_fraction,
     seeded_shuffle,
     split_by_hash,
 )
-from postrl.tasks.base import Example, FixedSplits
 
 # Appended to every question: reason first, then one line the verifier reads, with the
 # template on a line of its own (studies/findings/pilot.md compares the instructions tried).

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from postrl.errors import ConfigError
-from postrl.tasks.arithmetic import ArithmeticTask, operand_range, parse_operators, stable_fraction
+from postrl.tasks.arithmetic import ArithmeticTask, operand_range, parse_operators
+from postrl.tasks.splits import stable_fraction
 
 
 def questions(examples):
