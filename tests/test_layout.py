@@ -14,7 +14,7 @@ import postrl
 ROOT = Path(postrl.__file__).parent
 REPO = ROOT.parent
 README = REPO / "README.md"
-# the code whose assignments are checked; studies/ only once it exists
+# the code whose assignments of postrl globals are checked (folders that exist)
 CHECKED = ("postrl", "bench", "tests", "examples", "studies")
 MAX_LINES = 400
 MAX_TRAIN_PARAMETERS = 6
